@@ -1,0 +1,100 @@
+"""The interface between the CSI layer and a storage backend, and the values it trades in."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Protocol
+
+from lvm.errors import OutOfRange
+from lvm.profiles import Profile
+
+
+@dataclass(frozen=True)
+class SizeRange:
+    """A CSI capacity range in bytes; 0 means "not set", as in the spec."""
+
+    required: int = 0
+    limit: int = 0
+
+    def admits(self, size: int) -> bool:
+        return size >= self.required and (self.limit == 0 or size <= self.limit)
+
+
+@dataclass(frozen=True)
+class Volume:
+    """A volume as the CO sees it.  ``id`` is the LV name (or sandbox volume name)."""
+
+    id: str
+    size: int
+    device: str
+    name: str | None = None  # the CO's name, when csilvm created it; None for pre-existing LVs
+    profile: Profile | None = None  # None when the layout is not one of ours
+    tags: tuple[str, ...] = ()
+    attributes: Mapping[str, str] = field(default_factory=dict)  # backend facts for volume_context
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """What GetCapacity reports for one profile, in bytes."""
+
+    available: int
+    maximum_volume_size: int
+    minimum_volume_size: int
+
+    @classmethod
+    def none(cls) -> Capacity:
+        return cls(0, 0, 0)
+
+
+class Backend(Protocol):
+    """What the CSI servicers need from storage.  All sizes are bytes."""
+
+    kind: str  # "lvm" or "loop"
+
+    def probe(self) -> None:
+        """Return when usable; raise BackendUnavailable with the reason otherwise."""
+
+    def create_volume(self, name: str, size: SizeRange, profile: Profile) -> Volume:
+        """Create (or return the existing, compatible) volume called ``name``.
+
+        Raises VolumeExists when a volume of that name is incompatible, OutOfRange
+        when no size in ``size`` fits the granularity, the pool or the placement.
+        """
+
+    def delete_volume(self, volume_id: str) -> None:
+        """Remove the volume, wiping its signatures first; an unknown id is success."""
+
+    def get_volume(self, volume_id: str) -> Volume:
+        """The volume with this id; VolumeNotFound otherwise."""
+
+    def list_volumes(self) -> list[Volume]:
+        """Every volume, pre-existing ones included, sorted by id."""
+
+    def capacity(self, profile: Profile) -> Capacity:
+        """Exact capacity for ``profile``: CreateVolume of maximum_volume_size succeeds."""
+
+    def close(self) -> None:
+        """Release resources (nothing on disk is changed)."""
+
+
+def choose_size(size: SizeRange, granularity: int, default: int) -> int:
+    """The smallest multiple of ``granularity`` in the range (``default`` when no range is set).
+
+    Raises OutOfRange when the range holds no such multiple.
+    """
+    if size.limit and size.required and size.limit < size.required:
+        raise OutOfRange(f"limit_bytes {size.limit} is below required_bytes {size.required}")
+    if not size.required and size.limit and default > size.limit:
+        # No minimum, and the default does not fit: take the largest size that does.
+        chosen = size.limit // granularity * granularity
+        if chosen < granularity:
+            raise OutOfRange(f"limit_bytes {size.limit} is below the smallest volume size {granularity}")
+        return chosen
+    want = size.required or default
+    chosen = max(granularity, -(-want // granularity) * granularity)
+    if size.limit and chosen > size.limit:
+        raise OutOfRange(
+            f"no multiple of {granularity} bytes lies in [{size.required}, {size.limit}]: "
+            f"ask for a range that contains one"
+        )
+    return chosen
