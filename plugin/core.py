@@ -1,0 +1,252 @@
+"""The version-neutral heart of the plugin: what every CSI version's servicers call.
+
+Servicers translate protobuf messages of their CSI version to these calls and
+back; nothing here knows a protobuf type.  The controller side delegates to a
+:class:`lvm.backend.Backend`, the node side to :mod:`mount`.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import threading
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+from lvm.backend import Backend, Capacity, SizeRange, Volume
+from lvm.command import Runner
+from lvm.errors import InvalidParameters, VolumeNotFound
+from lvm.profiles import parse_profile
+from mount import fs as mount_fs
+from mount import ops as mount_ops
+from mount import stats as mount_stats
+from plugin.errors import NotStaged, TopologyUnsatisfiable
+from plugin.pagination import page
+from plugin.settings import PluginSettings
+
+
+class AccessMode(enum.Enum):
+    """CSI access modes by their spec names (identical in v0 and v1)."""
+
+    UNKNOWN = "UNKNOWN"
+    SINGLE_NODE_WRITER = "SINGLE_NODE_WRITER"
+    SINGLE_NODE_READER_ONLY = "SINGLE_NODE_READER_ONLY"
+    MULTI_NODE_READER_ONLY = "MULTI_NODE_READER_ONLY"
+    MULTI_NODE_SINGLE_WRITER = "MULTI_NODE_SINGLE_WRITER"
+    MULTI_NODE_MULTI_WRITER = "MULTI_NODE_MULTI_WRITER"
+    SINGLE_NODE_SINGLE_WRITER = "SINGLE_NODE_SINGLE_WRITER"
+    SINGLE_NODE_MULTI_WRITER = "SINGLE_NODE_MULTI_WRITER"
+
+
+# Local disks can be used on this node only.
+SUPPORTED_ACCESS_MODES = frozenset(
+    {
+        AccessMode.SINGLE_NODE_WRITER,
+        AccessMode.SINGLE_NODE_READER_ONLY,
+        AccessMode.SINGLE_NODE_SINGLE_WRITER,
+        AccessMode.SINGLE_NODE_MULTI_WRITER,
+    }
+)
+READ_ONLY_MODES = frozenset({AccessMode.SINGLE_NODE_READER_ONLY, AccessMode.MULTI_NODE_READER_ONLY})
+
+
+@dataclass(frozen=True)
+class Capability:
+    """A volume capability: block, or a mount with a file system type and flags."""
+
+    block: bool
+    access_mode: AccessMode
+    fs_type: str = ""
+    mount_flags: tuple[str, ...] = ()
+
+    def problem(self) -> str | None:
+        """Why this capability cannot be served, or None."""
+        # UNKNOWN only reaches here from GetCapacity (validation rejects it elsewhere): no constraint.
+        if self.access_mode not in SUPPORTED_ACCESS_MODES and self.access_mode is not AccessMode.UNKNOWN:
+            return f"access mode {self.access_mode.value} is not supported: csilvm volumes are local to one node"
+        if not self.block and self.fs_type and self.fs_type not in mount_fs.SUPPORTED_FILESYSTEMS:
+            return f"fs_type {self.fs_type!r} is not supported (use one of {', '.join(sorted(mount_fs.SUPPORTED_FILESYSTEMS))})"
+        if not self.block:
+            try:
+                mount_ops.validate_mount_flags(self.mount_flags)
+            except Exception as exc:  # InvalidMountFlags: reported as text here
+                return str(exc)
+        return None
+
+
+@dataclass(frozen=True)
+class VolumeStats:
+    bytes_total: int
+    bytes_used: int | None = None
+    bytes_available: int | None = None
+    inodes_total: int | None = None
+    inodes_used: int | None = None
+    inodes_available: int | None = None
+
+
+@dataclass
+class _KeyedLocks:
+    """One lock per key (volume id), so operations on one volume run one at a time."""
+
+    _locks: dict[str, threading.Lock] = field(default_factory=lambda: defaultdict(threading.Lock))
+    _guard: threading.Lock = field(default_factory=threading.Lock)
+
+    def __call__(self, key: str) -> threading.Lock:
+        with self._guard:
+            return self._locks[key]
+
+
+class Core:
+    """Controller and node operations, independent of the CSI version on the wire."""
+
+    def __init__(self, backend: Backend, settings: PluginSettings, runner: Runner):
+        self.backend = backend
+        self.settings = settings
+        self.runner = runner
+        self._volume_locks = _KeyedLocks()
+
+    # ----------------------------------------------------------------- identity
+    def probe(self) -> None:
+        self.backend.probe()
+
+    # --------------------------------------------------------------- controller
+    @property
+    def topology(self) -> dict[str, str]:
+        return {self.settings.topology_key: self.settings.node_id}
+
+    def topology_admits(self, segments: Sequence[Mapping[str, str]]) -> bool:
+        """True when one of ``segments`` (empty: no constraint) is satisfied by this node."""
+        return not segments or any(all(self.topology.get(k) == v for k, v in seg.items()) for seg in segments)
+
+    def create_volume(
+        self,
+        name: str,
+        size: SizeRange,
+        capabilities: Sequence[Capability],
+        parameters: Mapping[str, str],
+        requisite_topology: Sequence[Mapping[str, str]] = (),
+    ) -> Volume:
+        for cap in capabilities:
+            problem = cap.problem()
+            if problem:
+                raise InvalidParameters(problem)
+        if not self.topology_admits(requisite_topology):
+            raise TopologyUnsatisfiable(
+                f"this plugin only provisions on node {self.settings.node_id!r} "
+                f"(topology {self.topology}); none of the requisite segments match"
+            )
+        return self.backend.create_volume(name, size, parse_profile(parameters))
+
+    def delete_volume(self, volume_id: str) -> None:
+        self.backend.delete_volume(volume_id)
+
+    def capacity(
+        self,
+        parameters: Mapping[str, str],
+        capabilities: Sequence[Capability],
+        topology: Mapping[str, str] | None = None,
+    ) -> Capacity:
+        """Capacity for a profile; unknown parameters or unservable capabilities give 0 (Mesos relies on it)."""
+        if any(cap.problem() for cap in capabilities):
+            return Capacity.none()
+        if topology and not self.topology_admits([topology]):
+            return Capacity.none()
+        try:
+            profile = parse_profile(parameters)
+        except InvalidParameters:
+            return Capacity.none()
+        return self.backend.capacity(profile)
+
+    def list_volumes(self, max_entries: int, starting_token: str) -> tuple[list[Volume], str]:
+        return page(self.backend.list_volumes(), max_entries, starting_token, key=lambda v: v.id)
+
+    def get_volume(self, volume_id: str) -> Volume:
+        return self.backend.get_volume(volume_id)
+
+    def validate_capabilities(self, volume_id: str, capabilities: Sequence[Capability]) -> str | None:
+        """None when the existing volume supports every capability, else the reason it does not."""
+        self.backend.get_volume(volume_id)  # VolumeNotFound
+        for cap in capabilities:
+            problem = cap.problem()
+            if problem:
+                return problem
+        return None
+
+    def volume_context(self, volume: Volume) -> dict[str, str]:
+        """What the CO gets back in ``volume_context`` and hands to NodeStage/NodePublish."""
+        context = {f"{self.settings.context_prefix}{k}": v for k, v in volume.attributes.items()}
+        if volume.profile is not None:
+            context.update({f"{self.settings.context_prefix}{k}": v for k, v in volume.profile.as_parameters().items()})
+        if volume.tags:
+            context[f"{self.settings.context_prefix}tags"] = ",".join(volume.tags)
+        if volume.name is not None:
+            context[f"{self.settings.context_prefix}name"] = volume.name
+        return context
+
+    # --------------------------------------------------------------------- node
+    def _device(self, volume_id: str) -> str:
+        return self.backend.get_volume(volume_id).device
+
+    def stage(self, volume_id: str, staging_path: str, capability: Capability) -> None:
+        """Make the file system if the device is blank and mount it at ``staging_path``.
+
+        Block volumes need no staging: NodePublish binds the device node directly.
+        """
+        problem = capability.problem()
+        if problem:
+            raise InvalidParameters(problem)
+        with self._volume_locks(volume_id):
+            device = self._device(volume_id)
+            if capability.block:
+                return
+            fs_type = capability.fs_type or self.settings.default_fs
+            mount_ops.stage_filesystem(device, staging_path, fs_type, capability.mount_flags, self.runner)
+
+    def unstage(self, volume_id: str, staging_path: str) -> None:
+        with self._volume_locks(volume_id):
+            mount_ops.unstage(staging_path, self.runner)
+
+    def publish(
+        self,
+        volume_id: str,
+        staging_path: str,
+        target_path: str,
+        capability: Capability,
+        readonly: bool,
+    ) -> None:
+        problem = capability.problem()
+        if problem:
+            raise InvalidParameters(problem)
+        readonly = readonly or capability.access_mode in READ_ONLY_MODES
+        with self._volume_locks(volume_id):
+            device = self._device(volume_id)
+            if capability.block:
+                mount_ops.publish_block(device, target_path, readonly, self.runner)
+                return
+            staged = mount_stats.device_of_mount(staging_path)
+            if staged is None or staged != os.stat(device).st_rdev:
+                raise NotStaged(
+                    f"volume {volume_id} is not staged at {staging_path}: call NodeStageVolume first"
+                )
+            mount_ops.publish_bind(staging_path, target_path, readonly, capability.mount_flags, self.runner)
+
+    def unpublish(self, volume_id: str, target_path: str) -> None:
+        with self._volume_locks(volume_id):
+            mount_ops.unpublish(target_path, self.runner)
+
+    def stats(self, volume_id: str, volume_path: str) -> VolumeStats:
+        device = self._device(volume_id)
+        if not os.path.exists(volume_path):
+            raise VolumeNotFound(f"volume path {volume_path} does not exist")
+        mounted = mount_stats.device_of_mount(volume_path)
+        rdev = os.stat(device).st_rdev
+        if mounted == rdev and os.path.isdir(volume_path):
+            usage = mount_stats.filesystem_usage(volume_path)
+            return VolumeStats(
+                usage.bytes_total, usage.bytes_used, usage.bytes_available,
+                usage.inodes_total, usage.inodes_used, usage.inodes_available,
+            )
+        if os.path.exists(volume_path) and not os.path.isdir(volume_path) and os.stat(volume_path).st_rdev == rdev:
+            return VolumeStats(mount_stats.block_device_size(volume_path))
+        raise VolumeNotFound(f"volume {volume_id} is not published at {volume_path}")

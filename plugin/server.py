@@ -1,0 +1,150 @@
+"""The gRPC server on a Unix socket: socket safety, service registration, graceful stop."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import grp
+import logging
+import os
+import signal
+import socket
+import stat
+import threading
+from concurrent import futures
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+import grpc
+import psutil
+
+from plugin.controller import ControllerServicer
+from plugin.core import Core
+from plugin.identity import IdentityServicer
+from plugin.interceptors import interceptor_chain
+from plugin.node import NodeServicer
+from plugin.validation import VALIDATORS
+from protos.v1 import csi_pb2_grpc
+
+log = logging.getLogger("csilvm.server")
+
+
+class EndpointError(Exception):
+    """The endpoint cannot be used (malformed, or another live process serves on it)."""
+
+
+def socket_path_of(endpoint: str) -> str:
+    """``unix:///run/csi.sock``, ``unix:/run/csi.sock`` or a plain path -> the socket path."""
+    if endpoint.startswith("unix://"):
+        path = endpoint[len("unix://"):]
+    elif endpoint.startswith("unix:"):
+        path = endpoint[len("unix:"):]
+    elif "://" in endpoint:
+        raise EndpointError(f"unsupported endpoint {endpoint!r}: csilvm serves on a Unix socket (unix:///path)")
+    else:
+        path = endpoint
+    if not path.startswith("/"):
+        raise EndpointError(f"the socket path in {endpoint!r} must be absolute")
+    return path
+
+
+def _answers(path: str) -> bool:
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(path)
+        return True
+    except OSError as exc:
+        if exc.errno in (errno.ECONNREFUSED, errno.ENOENT, errno.ENOTSOCK):
+            return False
+        raise
+    finally:
+        probe.close()
+
+
+def _owner_of(path: str) -> str:
+    """Who listens on the socket, for the error message (best effort)."""
+    with contextlib.suppress(psutil.Error, OSError):
+        for conn in psutil.net_connections(kind="unix"):
+            if conn.laddr == path and conn.pid:
+                proc = psutil.Process(conn.pid)
+                return f" (pid {conn.pid}, {' '.join(proc.cmdline()[:4])})"
+    return ""
+
+
+def claim_socket_path(path: str) -> None:
+    """Make ``path`` free to bind: remove a stale socket, refuse a live one or a non-socket file."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        os.makedirs(os.path.dirname(path) or "/", exist_ok=True)
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise EndpointError(f"{path} exists and is not a socket: refusing to replace it")
+    if _answers(path):
+        raise EndpointError(f"another process is serving on {path}{_owner_of(path)}: stop it first")
+    log.info("removing stale socket %s left by a dead process", path)
+    os.unlink(path)
+
+
+@dataclass
+class RunningServer:
+    server: grpc.Server
+    socket_path: str
+
+    def stop(self, grace: float = 10.0) -> None:
+        """Refuse new RPCs, let in-flight ones finish (at most ``grace`` seconds), remove the socket."""
+        self.server.stop(grace).wait(grace + 1)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.socket_path)
+
+
+def start_server(
+    core: Core,
+    endpoint: str,
+    *,
+    socket_mode: int = 0o600,
+    socket_group: str | None = None,
+    max_workers: int = 32,
+    extra_services: Iterable[Callable[[grpc.Server], None]] = (),
+) -> RunningServer:
+    """Bind the socket (created with ``socket_mode``) and start serving Identity, Controller and Node."""
+    path = socket_path_of(endpoint)
+    claim_socket_path(path)
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="rpc"),
+        interceptors=interceptor_chain(VALIDATORS),
+        options=[("grpc.so_reuseport", 0)],
+    )
+    csi_pb2_grpc.add_IdentityServicer_to_server(IdentityServicer(core), server)
+    csi_pb2_grpc.add_ControllerServicer_to_server(ControllerServicer(core), server)
+    csi_pb2_grpc.add_NodeServicer_to_server(NodeServicer(core), server)
+    for add in extra_services:
+        add(server)
+    # The socket must never be wider than asked, not even for an instant.
+    old_umask = os.umask(0o777 & ~socket_mode)
+    try:
+        server.add_insecure_port(f"unix://{path}")
+        server.start()
+    finally:
+        os.umask(old_umask)
+    os.chmod(path, socket_mode)
+    if socket_group:
+        os.chown(path, -1, grp.getgrnam(socket_group).gr_gid)
+    log.info("serving CSI on %s (backend %s)", path, core.backend.kind)
+    return RunningServer(server, path)
+
+
+def serve_until_signalled(running: RunningServer, grace: float = 10.0) -> None:
+    """Block until SIGTERM or SIGINT, then stop gracefully."""
+    stop = threading.Event()
+
+    def on_signal(signum, frame):
+        log.info("received %s: stopping", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    stop.wait()
+    running.stop(grace)
+    log.info("stopped")
