@@ -1,0 +1,502 @@
+"""The loop-device sandbox: each volume is a sparse file in a work directory, attached to a loop device.
+
+It lets CI, demos and the Mesos test harness run the real CSI Node path
+(mkfs, mounts, block devices) with no LVM and no spare disk.
+
+On disk, under ``<work_dir>/volumes/``, a volume is two files:
+
+* ``<id>.img``  - the sparse image, truncated to the volume size;
+* ``<id>.json`` - its metadata (CO name, size, profile, creation time),
+  written atomically (``<id>.json.tmp``, fsync, rename).
+
+The rename of the metadata is the commit point of a create: a volume exists
+when both files do.  Create writes image -> loop device -> metadata; delete
+wipes -> detaches -> removes image -> removes metadata.  So a kill at any
+point leaves either a whole volume, or leftovers that are never listed nor
+counted and that :meth:`LoopBackend.open` removes (image without metadata,
+metadata without image, ``*.tmp``).  ``open`` also re-attaches every
+volume's image after a reboot.
+
+Mutations are serialized by a thread lock and an ``flock`` on
+``<work_dir>/.lock``, so two processes sharing a work dir do not race either.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import fcntl
+import json
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Iterator, Mapping
+
+from lvm.backend import Capacity, SizeRange, Volume, choose_size
+from lvm.command import Runner
+from lvm.errors import BackendUnavailable, InvalidParameters, OutOfRange, VolumeBusy, VolumeExists, VolumeNotFound
+from lvm.loop import LoopDevice, LoopDevices, SystemLoopDevices, devices_backed_by, wipe_ends
+from lvm.names import is_valid_lv_name, lv_name_for
+from lvm.profiles import Layout, Profile, parse_profile
+from lvm.units import MiB, format_size
+
+log = logging.getLogger(__name__)
+
+IMAGE_SUFFIX = ".img"
+METADATA_SUFFIX = ".json"
+TMP_SUFFIX = ".tmp"
+METADATA_FORMAT = 1
+LOCK_FILE = ".lock"
+
+Wipe = Callable[[str, int], None]
+
+
+# --- the state on disk (pure where possible) ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class VolumeRecord:
+    """What ``<id>.json`` says about a volume."""
+
+    id: str
+    name: str
+    size: int
+    parameters: tuple[tuple[str, str], ...]  # sorted (key, value) pairs of the profile
+    created: str  # ISO 8601, UTC
+
+    @property
+    def profile(self) -> Profile:
+        return parse_profile(dict(self.parameters))
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "format": METADATA_FORMAT,
+                "id": self.id,
+                "name": self.name,
+                "size": self.size,
+                "parameters": dict(self.parameters),
+                "created": self.created,
+            },
+            indent=2,
+            sort_keys=True,
+        )
+
+
+def parse_metadata(volume_id: str, text: str) -> VolumeRecord:
+    """Parse the metadata of volume ``volume_id``.
+
+    Raises ValueError when it is malformed or names another volume, InvalidParameters
+    when its profile is unknown.
+    """
+    data = json.loads(text)
+    if not isinstance(data, dict) or data.get("format") != METADATA_FORMAT:
+        raise ValueError(f"unknown metadata format {data.get('format') if isinstance(data, dict) else data!r}")
+    if data.get("id") != volume_id:
+        raise ValueError(f"metadata is for volume {data.get('id')!r}")
+    name, size, params, created = data.get("name"), data.get("size"), data.get("parameters"), data.get("created")
+    if not isinstance(name, str) or not isinstance(size, int) or isinstance(size, bool) or size <= 0:
+        raise ValueError("name or size missing or malformed")
+    if not isinstance(params, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in params.items()):
+        raise ValueError("parameters malformed")
+    parse_profile(params)  # InvalidParameters when the profile is not one we know
+    return VolumeRecord(volume_id, name, size, tuple(sorted(params.items())), str(created or ""))
+
+
+@dataclass(frozen=True)
+class DirEntries:
+    """The files of a volumes directory, sorted by what they are (names only)."""
+
+    image_ids: frozenset[str]
+    metadata_ids: frozenset[str]
+    tmp_files: tuple[str, ...]
+
+
+def classify_entries(filenames: Iterable[str]) -> DirEntries:
+    """Sort file names into images, metadata and tmp files; anything else (foreign files) is ignored."""
+    images, metadata, tmp = set(), set(), []
+    for filename in filenames:
+        if filename.endswith(TMP_SUFFIX):
+            tmp.append(filename)
+        elif filename.endswith(IMAGE_SUFFIX) and is_valid_lv_name(filename[: -len(IMAGE_SUFFIX)]):
+            images.add(filename[: -len(IMAGE_SUFFIX)])
+        elif filename.endswith(METADATA_SUFFIX) and is_valid_lv_name(filename[: -len(METADATA_SUFFIX)]):
+            metadata.add(filename[: -len(METADATA_SUFFIX)])
+    return DirEntries(frozenset(images), frozenset(metadata), tuple(sorted(tmp)))
+
+
+@dataclass(frozen=True)
+class DirScan:
+    """The volumes of a work dir, and the leftovers of interrupted creates and deletes."""
+
+    records: tuple[VolumeRecord, ...]  # whole volumes, sorted by id
+    orphan_images: tuple[str, ...]  # ids with an image but no metadata: an interrupted create
+    orphan_metadata: tuple[str, ...]  # ids with metadata but no image: an interrupted delete
+    unreadable: tuple[str, ...]  # ids whose metadata does not parse: left alone, reported
+    tmp_files: tuple[str, ...]  # file names of unfinished metadata writes
+
+    @property
+    def used(self) -> int:
+        return sum(r.size for r in self.records)
+
+    def record(self, volume_id: str) -> VolumeRecord | None:
+        return next((r for r in self.records if r.id == volume_id), None)
+
+
+def scan(volumes_dir: Path) -> DirScan:
+    """Read the state of ``volumes_dir`` (which must exist)."""
+    entries = classify_entries(os.listdir(volumes_dir))
+    records, unreadable = [], []
+    for volume_id in sorted(entries.image_ids & entries.metadata_ids):
+        try:
+            text = (volumes_dir / (volume_id + METADATA_SUFFIX)).read_text()
+            records.append(parse_metadata(volume_id, text))
+        except (OSError, ValueError, InvalidParameters) as exc:
+            log.warning("loop sandbox: metadata of volume %s is unreadable (%s); leaving it alone", volume_id, exc)
+            unreadable.append(volume_id)
+    return DirScan(
+        records=tuple(records),
+        orphan_images=tuple(sorted(entries.image_ids - entries.metadata_ids)),
+        orphan_metadata=tuple(sorted(entries.metadata_ids - entries.image_ids)),
+        unreadable=tuple(unreadable),
+        tmp_files=entries.tmp_files,
+    )
+
+
+@dataclass(frozen=True)
+class RepairPlan:
+    """What :meth:`LoopBackend.open` does, in this order: detach, remove, attach."""
+
+    detach: tuple[str, ...]  # devices of leftover or deleted images
+    remove: tuple[Path, ...]
+    attach: tuple[Path, ...]  # images of whole volumes with no loop device
+
+    @property
+    def empty(self) -> bool:
+        return not (self.detach or self.remove or self.attach)
+
+
+def plan_repair(state: DirScan, attached: list[LoopDevice], volumes_dir: Path) -> RepairPlan:
+    """Plan the repair of a work dir after a restart, a reboot or a kill -9."""
+    volumes_dir = Path(os.path.realpath(volumes_dir))
+    image = lambda volume_id: volumes_dir / (volume_id + IMAGE_SUFFIX)  # noqa: E731
+    detach: list[str] = []
+    for volume_id in state.orphan_images:
+        detach += devices_backed_by(image(volume_id), attached)
+    # Devices whose image was removed under them (a delete killed between detach and remove
+    # cannot cause this, but an operator's rm can): they hold disk space and a device number.
+    detach += [
+        d.device
+        for d in attached
+        if d.deleted and Path(d.backing_file).parent == volumes_dir and d.backing_file.endswith(IMAGE_SUFFIX)
+    ]
+    remove = [image(i) for i in state.orphan_images]
+    remove += [volumes_dir / (i + METADATA_SUFFIX) for i in state.orphan_metadata]
+    remove += [volumes_dir / name for name in state.tmp_files]
+    attach = [image(r.id) for r in state.records if not devices_backed_by(image(r.id), attached)]
+    return RepairPlan(tuple(sorted(set(detach))), tuple(remove), tuple(attach))
+
+
+def is_compatible(record: VolumeRecord, name: str, size: SizeRange, profile: Profile) -> str | None:
+    """Why an existing volume does not answer a CreateVolume request, or None when it does."""
+    if record.name != name:
+        return f"volume id {record.id} belongs to the volume named {record.name!r}, not {name!r}"
+    if not size.admits(record.size):
+        return (
+            f"volume {name!r} exists with size {record.size} bytes, "
+            f"outside the requested range [{size.required}, {size.limit or 'unlimited'}]"
+        )
+    if record.profile != profile:
+        return (
+            f"volume {name!r} exists with parameters {dict(record.parameters)}, "
+            f"not {profile.as_parameters()}"
+        )
+    return None
+
+
+# --- file helpers ------------------------------------------------------------------------------
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Replace ``path`` by ``text`` so that a crash leaves the old file, the new one, or a ``.tmp``."""
+    tmp = path.with_name(path.name + TMP_SUFFIX)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        os.write(fd, text.encode("utf-8"))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def create_sparse_file(path: Path, size: int) -> None:
+    """Create ``path`` (it must not exist) as a sparse file of ``size`` bytes."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        os.ftruncate(fd, size)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    _fsync_dir(path.parent)
+
+
+def _remove(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+# --- the backend -------------------------------------------------------------------------------
+
+
+class LoopBackend:
+    """Backend (kind ``loop``) of sparse images on loop devices, ``capacity_bytes`` in total.
+
+    Only ``type=linear`` is served.  ``wipe(path, size)`` erases a volume's
+    signatures before it is removed; ``loops`` replaces the real loop devices
+    (unit tests).  The constructor calls :meth:`open`.
+    """
+
+    kind = "loop"
+
+    def __init__(
+        self,
+        work_dir: str | os.PathLike,
+        capacity_bytes: int,
+        runner: Runner,
+        default_size: int,
+        granularity: int = MiB,
+        wipe: Wipe = wipe_ends,
+        *,
+        loops: LoopDevices | None = None,
+    ):
+        if capacity_bytes < 0 or default_size <= 0 or granularity <= 0:
+            raise ValueError("capacity_bytes must be >= 0, default_size and granularity > 0")
+        self.work_dir = Path(os.path.realpath(work_dir))
+        self.volumes_dir = self.work_dir / "volumes"
+        self.capacity_bytes = capacity_bytes
+        self.default_size = default_size
+        self.granularity = granularity
+        self.runner = runner
+        self.wipe = wipe
+        self.loops: LoopDevices = loops if loops is not None else SystemLoopDevices(runner)
+        self._lock = threading.Lock()
+        self._lock_fd: int | None = None
+        self.open()
+
+    # -- lifecycle
+
+    def open(self) -> RepairPlan:
+        """Create the work dir if needed, repair leftovers and re-attach images; returns what it did.
+
+        A volume that cannot be re-attached now is logged; :meth:`get_volume` retries.
+        """
+        with self._lock:
+            if self._lock_fd is None:
+                try:
+                    self.volumes_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+                    self._lock_fd = os.open(
+                        self.work_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
+                    )
+                except OSError as exc:
+                    raise BackendUnavailable(f"cannot use work dir {self.work_dir}: {exc}") from None
+        with self._mutating():
+            plan = plan_repair(scan(self.volumes_dir), self.loops.attached(), self.volumes_dir)
+            for device in plan.detach:
+                log.info("loop sandbox: detaching %s (its image is a leftover)", device)
+                self.loops.detach(device)
+            for path in plan.remove:
+                log.info("loop sandbox: removing leftover %s", path)
+                _remove(path)
+            if plan.remove:
+                _fsync_dir(self.volumes_dir)
+            for image in plan.attach:
+                try:
+                    device = self.loops.attach(str(image))
+                    log.info("loop sandbox: re-attached %s to %s", image, device)
+                except Exception as exc:  # noqa: BLE001 - reported, retried by get_volume
+                    log.warning("loop sandbox: cannot re-attach %s: %s", image, exc)
+            return plan
+
+    def close(self) -> None:
+        with self._lock:
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
+                self._lock_fd = None
+
+    @contextlib.contextmanager
+    def _mutating(self) -> Iterator[None]:
+        """Exclusive access to the work dir, against other threads and other processes."""
+        with self._lock:
+            if self._lock_fd is None:
+                raise BackendUnavailable("the loop backend is closed")
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+
+    def probe(self) -> None:
+        reason = self.loops.unavailable_reason()
+        if reason:
+            raise BackendUnavailable(f"loop sandbox: {reason}")
+        try:
+            probe_file = self.work_dir / f".probe-{os.getpid()}-{threading.get_ident()}"
+            fd = os.open(probe_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            os.close(fd)
+            probe_file.unlink()
+        except OSError as exc:
+            raise BackendUnavailable(f"loop sandbox: work dir {self.work_dir} is not writable: {exc}") from None
+        if self._lock_fd is None:
+            raise BackendUnavailable("the loop backend is closed")
+
+    # -- paths and views
+
+    def image_path(self, volume_id: str) -> Path:
+        return self.volumes_dir / (volume_id + IMAGE_SUFFIX)
+
+    def metadata_path(self, volume_id: str) -> Path:
+        return self.volumes_dir / (volume_id + METADATA_SUFFIX)
+
+    def _device_of(self, volume_id: str, attached: list[LoopDevice]) -> str:
+        devices = devices_backed_by(self.image_path(volume_id), attached)
+        return devices[0] if devices else ""
+
+    def _volume(self, record: VolumeRecord, device: str) -> Volume:
+        return Volume(
+            id=record.id,
+            size=record.size,
+            device=device,
+            name=record.name,
+            profile=record.profile,
+            attributes={"backend": self.kind, "image": str(self.image_path(record.id))},
+        )
+
+    def _attached_volume(self, record: VolumeRecord) -> Volume:
+        """The volume, its image attached to a loop device (attaching it if needed)."""
+        device = self._device_of(record.id, self.loops.attached())
+        if not device:
+            device = self.loops.attach(str(self.image_path(record.id)))
+        return self._volume(record, device)
+
+    # -- the Backend protocol
+
+    def create_volume(self, name: str, size: SizeRange, profile: Profile) -> Volume:
+        if not name:
+            raise InvalidParameters("a volume name is required")
+        if profile.layout is not Layout.LINEAR:
+            raise OutOfRange(f"the loop sandbox serves only type=linear, not type={profile.layout.value}")
+        volume_id = lv_name_for(name)
+        with self._mutating():
+            state = scan(self.volumes_dir)
+            existing = state.record(volume_id)
+            if existing is not None:
+                reason = is_compatible(existing, name, size, profile)
+                if reason:
+                    raise VolumeExists(reason)
+                return self._attached_volume(existing)
+            if volume_id in state.unreadable:
+                raise VolumeExists(
+                    f"volume id {volume_id} exists but its metadata {self.metadata_path(volume_id)} is unreadable"
+                )
+            chosen = choose_size(size, self.granularity, self.default_size)
+            free = max(0, self.capacity_bytes - state.used)
+            if chosen > free:
+                raise OutOfRange(
+                    f"the loop sandbox has {format_size(free)} ({free} bytes) free of "
+                    f"{format_size(self.capacity_bytes)}; volume {name!r} needs {format_size(chosen)}"
+                )
+            # Under the lock, an image or metadata alone is a leftover of a killed process.
+            self._discard(volume_id)
+            record = VolumeRecord(volume_id, name, chosen, tuple(sorted(profile.as_parameters().items())), _now())
+            return self._create(record)
+
+    def _create(self, record: VolumeRecord) -> Volume:
+        image = self.image_path(record.id)
+        create_sparse_file(image, record.size)
+        device = ""
+        try:
+            device = self.loops.attach(str(image))
+            write_atomically(self.metadata_path(record.id), record.to_json())
+        except BaseException:
+            # Undo in this process; a kill here leaves leftovers that open() removes.
+            with contextlib.suppress(Exception):
+                if device:
+                    self.loops.detach(device)
+                _remove(image)
+            raise
+        log.info("loop sandbox: created volume %s (%s) of %d bytes on %s", record.id, record.name, record.size, device)
+        return self._volume(record, device)
+
+    def _discard(self, volume_id: str) -> None:
+        """Detach and remove whatever files of ``volume_id`` exist (no metadata check, no wipe)."""
+        image = self.image_path(volume_id)
+        for device in devices_backed_by(image, self.loops.attached()):
+            self.loops.detach(device)
+        _remove(image)
+        _remove(self.metadata_path(volume_id))
+
+    def delete_volume(self, volume_id: str) -> None:
+        if not is_valid_lv_name(volume_id):
+            return  # no such volume can exist; never build a path from it
+        image, metadata = self.image_path(volume_id), self.metadata_path(volume_id)
+        with self._mutating():
+            if not image.exists():
+                _remove(metadata)  # the leftover of an interrupted delete, if any
+                return
+            devices = devices_backed_by(image, self.loops.attached())
+            for device in devices:
+                reason = self.loops.busy_reason(device)
+                if reason:
+                    raise VolumeBusy(f"volume {volume_id} is in use: {reason}")
+            self.wipe(devices[0] if devices else str(image), image.stat().st_size)
+            for device in devices:
+                self.loops.detach(device)
+            image.unlink()
+            _fsync_dir(self.volumes_dir)
+            _remove(metadata)
+            _fsync_dir(self.volumes_dir)
+            log.info("loop sandbox: deleted volume %s", volume_id)
+
+    def get_volume(self, volume_id: str) -> Volume:
+        if not is_valid_lv_name(volume_id):
+            raise VolumeNotFound(f"no volume {volume_id!r}: not a valid volume id")
+        with self._mutating():
+            record = scan(self.volumes_dir).record(volume_id)
+            if record is None:
+                raise VolumeNotFound(f"no volume {volume_id!r} in the loop sandbox")
+            return self._attached_volume(record)
+
+    def list_volumes(self) -> list[Volume]:
+        """Every volume, sorted by id; ``device`` is empty for one whose image is not attached now."""
+        with self._mutating():
+            state, attached = scan(self.volumes_dir), self.loops.attached()
+            return [self._volume(r, self._device_of(r.id, attached)) for r in state.records]
+
+    def capacity(self, profile: Profile) -> Capacity:
+        if profile.layout is not Layout.LINEAR:
+            return Capacity.none()
+        with self._mutating():
+            used = scan(self.volumes_dir).used
+        available = max(0, self.capacity_bytes - used)
+        return Capacity(available, available // self.granularity * self.granularity, self.granularity)
+
+    # -- for test harnesses
+
+    def preprovision(self, volumes: Mapping[str, int]) -> list[Volume]:
+        """Create the volumes ``{name: size}`` that do not exist yet (at least ``size`` bytes each)."""
+        return [self.create_volume(name, SizeRange(required=size), Profile()) for name, size in sorted(volumes.items())]
