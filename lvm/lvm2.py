@@ -1,0 +1,172 @@
+"""The one place that runs lvm2: argv building, timeouts, and stderr classification.
+
+Every call is ``lvm <subcommand> [--config ...] ...`` through a Runner
+(lvm/command.py), so tests substitute :class:`lvm.fake.FakeLvm`.  Reports run
+with ``--readonly``: lvm2 then reads metadata without taking the VG lock, so a
+read RPC never waits behind a long lvcreate.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from dataclasses import dataclass
+from typing import Sequence
+
+from lvm.command import CommandResult, Runner, SubprocessRunner
+from lvm.errors import (
+    BackendUnavailable,
+    CommandFailed,
+    CommandNotFound,
+    CommandTimeout,
+    OutOfRange,
+    StorageError,
+    VolumeBusy,
+    VolumeExists,
+    VolumeNotFound,
+)
+from lvm.report import Report, parse_fullreport
+
+log = logging.getLogger(__name__)
+
+REPORT_TIMEOUT = 30.0
+MUTATION_TIMEOUT = 120.0
+# Keeps lvm2 from complaining about descriptors inherited from the plugin (gRPC sockets).
+LVM_ENV = {"LC_ALL": "C", "LVM_SUPPRESS_FD_WARNINGS": "1"}
+REPORT_OPTIONS = ("--readonly", "--reportformat", "json", "--units", "b", "--nosuffix")
+# For guests without udev: ``activation{udev_sync=0 udev_rules=0}``.
+NO_UDEV_CONFIG = "activation{udev_sync=0 udev_rules=0}"
+
+
+class VolumeGroupNotFound(BackendUnavailable):
+    """The configured volume group does not exist (yet)."""
+
+
+# Order matters: the first matching rule wins.  Device-mapper trouble comes
+# before "busy" because its messages contain "open failed".
+_RULES: tuple[tuple[re.Pattern[str], type[StorageError]], ...] = tuple(
+    (re.compile(pattern, re.IGNORECASE), error)
+    for pattern, error in (
+        (r"insufficient (free space|suitable allocatable extents|allocatable extents)|"
+         r"not enough free (space|extents)|extents needed, but only", OutOfRange),
+        (r"already exists", VolumeExists),
+        (r"failed to find logical volume|logical volumes? .*not found|"
+         r"one or more specified logical volume\(s\) not found", VolumeNotFound),
+        (r"volume group \S+ not found|cannot process volume group", VolumeGroupNotFound),
+        (r"device-mapper target\(s\) not detected|failure to communicate with kernel device-mapper|"
+         r"/dev/mapper/control: open failed|device-mapper driver", BackendUnavailable),
+        (r"\bin use\b|can't remove open logical volume|\bis open\b|device or resource busy", VolumeBusy),
+    )
+)
+
+
+def classify(stderr: str) -> type[StorageError]:
+    """The domain error for an lvm2 failure, from its stderr (CommandFailed when unknown)."""
+    for pattern, error in _RULES:
+        if pattern.search(stderr):
+            return error
+    return CommandFailed
+
+
+@dataclass(frozen=True)
+class PhysicalVolumeEntry:
+    """One line of ``lvm pvs``: a PV and the VG it belongs to ("" for none)."""
+
+    name: str
+    vg_name: str
+    uuid: str
+
+
+class Lvm2:
+    """Runs lvm2 subcommands; raises lvm/errors.py types with lvm2's own words in them."""
+
+    def __init__(
+        self,
+        runner: Runner | None = None,
+        *,
+        config: str | None = None,
+        program: str = "lvm",
+        report_timeout: float = REPORT_TIMEOUT,
+        mutation_timeout: float = MUTATION_TIMEOUT,
+    ):
+        self.runner: Runner = runner if runner is not None else SubprocessRunner()
+        self.config = config
+        self.program = program
+        self.report_timeout = report_timeout
+        self.mutation_timeout = mutation_timeout
+
+    # -- plumbing ---------------------------------------------------------
+
+    def run(self, subcommand: str, args: Sequence[str], *, timeout: float) -> CommandResult:
+        """Run ``lvm <subcommand> [--config C] args``; map failures to domain errors."""
+        argv = [self.program, subcommand]
+        if self.config:
+            argv += ["--config", self.config]
+        argv += list(args)
+        try:
+            return self.runner.run(argv, timeout=timeout, env=LVM_ENV)
+        except (CommandTimeout, CommandNotFound):
+            raise
+        except CommandFailed as exc:
+            error = classify(exc.stderr)
+            message = f"lvm {subcommand} failed (exit code {exc.returncode}): {exc.stderr.strip() or '(no message)'}"
+            if error is CommandFailed:
+                raise CommandFailed(message, argv=exc.argv, returncode=exc.returncode, stderr=exc.stderr) from None
+            raise error(message) from None
+
+    # -- reads ------------------------------------------------------------
+
+    def report(self, vg_name: str) -> Report:
+        """One ``lvm fullreport`` of ``vg_name``: VG, PVs, visible LVs and segments."""
+        result = self.run("fullreport", [*REPORT_OPTIONS, "--", vg_name], timeout=self.report_timeout)
+        try:
+            return parse_fullreport(result.stdout, vg_name)
+        except BackendUnavailable as exc:
+            raise VolumeGroupNotFound(str(exc)) from None
+
+    def physical_volumes(self) -> list[PhysicalVolumeEntry]:
+        """Every PV lvm2 sees, with its VG (orphans have vg_name "")."""
+        result = self.run(
+            "pvs", [*REPORT_OPTIONS, "-o", "pv_name,vg_name,pv_uuid"], timeout=self.report_timeout
+        )
+        try:
+            entries = json.loads(result.stdout)["report"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CommandFailed(f"lvm pvs printed unparseable output ({exc}): {result.stdout[:200]!r}") from None
+        return [
+            PhysicalVolumeEntry(pv["pv_name"], pv.get("vg_name", ""), pv.get("pv_uuid", ""))
+            for entry in entries
+            for pv in entry.get("pv", [])
+        ]
+
+    # -- mutations --------------------------------------------------------
+
+    def pvcreate(self, devices: Sequence[str]) -> None:
+        # No --yes: lvm2 then refuses devices that carry a filesystem signature
+        # rather than wiping an operator's data.
+        self.run("pvcreate", ["--", *devices], timeout=self.mutation_timeout)
+
+    def vgcreate(self, vg_name: str, devices: Sequence[str], *, extent_size: str = "1m", tags: Sequence[str] = ()) -> None:
+        args = ["--physicalextentsize", extent_size]
+        for tag in tags:
+            args += ["--addtag", tag]
+        self.run("vgcreate", [*args, "--", vg_name, *devices], timeout=self.mutation_timeout)
+
+    def lvcreate(
+        self,
+        vg_name: str,
+        lv_name: str,
+        extents: int,
+        *,
+        layout_args: Sequence[str] = ("--type", "linear"),
+        tags: Sequence[str] = (),
+        pvs: Sequence[str] = (),
+    ) -> None:
+        args = ["--yes", "--wipesignatures", "y", "-n", lv_name, "-l", str(extents)]
+        for tag in tags:
+            args += ["--addtag", tag]
+        self.run("lvcreate", [*args, *layout_args, "--", vg_name, *pvs], timeout=self.mutation_timeout)
+
+    def lvremove(self, vg_name: str, lv_name: str) -> None:
+        self.run("lvremove", ["--yes", "--", f"{vg_name}/{lv_name}"], timeout=self.mutation_timeout)
