@@ -87,6 +87,7 @@ def serve(**options) -> None:
     logging.basicConfig(
         level=options["log_level"].upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    logging.getLogger("sh").setLevel(logging.WARNING)  # sh logs every byte it reads at DEBUG
     try:
         core = build_core(options)
         running = start_server(core, options["endpoint"], socket_mode=options["socket_mode"], socket_group=options["socket_group"])

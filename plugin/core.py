@@ -21,6 +21,7 @@ from lvm.profiles import parse_profile
 from mount import fs as mount_fs
 from mount import ops as mount_ops
 from mount import stats as mount_stats
+from mount.table import read_mount_table
 from plugin.errors import NotStaged, TopologyUnsatisfiable
 from plugin.pagination import page
 from plugin.settings import PluginSettings
@@ -65,8 +66,8 @@ class Capability:
         # UNKNOWN only reaches here from GetCapacity (validation rejects it elsewhere): no constraint.
         if self.access_mode not in SUPPORTED_ACCESS_MODES and self.access_mode is not AccessMode.UNKNOWN:
             return f"access mode {self.access_mode.value} is not supported: csilvm volumes are local to one node"
-        if not self.block and self.fs_type and self.fs_type not in mount_fs.SUPPORTED_FILESYSTEMS:
-            return f"fs_type {self.fs_type!r} is not supported (use one of {', '.join(sorted(mount_fs.SUPPORTED_FILESYSTEMS))})"
+        if not self.block and self.fs_type and self.fs_type not in mount_fs.SUPPORTED_FS_TYPES:
+            return f"fs_type {self.fs_type!r} is not supported (use one of {', '.join(sorted(mount_fs.SUPPORTED_FS_TYPES))})"
         if not self.block:
             try:
                 mount_ops.validate_mount_flags(self.mount_flags)
@@ -224,8 +225,7 @@ class Core:
             if capability.block:
                 mount_ops.publish_block(device, target_path, readonly, self.runner)
                 return
-            staged = mount_stats.device_of_mount(staging_path)
-            if staged is None or staged != os.stat(device).st_rdev:
+            if not _is_mount_of(staging_path, device):
                 raise NotStaged(
                     f"volume {volume_id} is not staged at {staging_path}: call NodeStageVolume first"
                 )
@@ -239,14 +239,18 @@ class Core:
         device = self._device(volume_id)
         if not os.path.exists(volume_path):
             raise VolumeNotFound(f"volume path {volume_path} does not exist")
-        mounted = mount_stats.device_of_mount(volume_path)
-        rdev = os.stat(device).st_rdev
-        if mounted == rdev and os.path.isdir(volume_path):
+        if os.path.isdir(volume_path) and _is_mount_of(volume_path, device):
             usage = mount_stats.filesystem_usage(volume_path)
             return VolumeStats(
                 usage.bytes_total, usage.bytes_used, usage.bytes_available,
                 usage.inodes_total, usage.inodes_used, usage.inodes_available,
             )
-        if os.path.exists(volume_path) and not os.path.isdir(volume_path) and os.stat(volume_path).st_rdev == rdev:
+        if not os.path.isdir(volume_path) and os.stat(volume_path).st_rdev == os.stat(device).st_rdev:
             return VolumeStats(mount_stats.block_device_size(volume_path))
         raise VolumeNotFound(f"volume {volume_id} is not published at {volume_path}")
+
+
+def _is_mount_of(path: str, device: str) -> bool:
+    """True when the file system visible at ``path`` is the one on ``device``."""
+    entry = read_mount_table().at(os.path.realpath(path))
+    return entry is not None and mount_ops.mount_shows_device(entry, os.stat(device).st_rdev)

@@ -37,6 +37,7 @@ _CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (storage.VolumeBusy, grpc.StatusCode.FAILED_PRECONDITION),
     (storage.BackendUnavailable, grpc.StatusCode.FAILED_PRECONDITION),
     (storage.CommandTimeout, grpc.StatusCode.DEADLINE_EXCEEDED),
+    (mounting.UnmountBusy, grpc.StatusCode.FAILED_PRECONDITION),
     (mounting.MountFailed, grpc.StatusCode.INTERNAL),
     (storage.CommandFailed, grpc.StatusCode.INTERNAL),
     (storage.StorageError, grpc.StatusCode.INTERNAL),

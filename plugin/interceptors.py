@@ -44,7 +44,7 @@ def _mask(message: Message) -> None:
             else:
                 message.ClearField(field.name)
         elif field.message_type is not None and not field.message_type.GetOptions().map_entry:
-            if field.label == field.LABEL_REPEATED:
+            if field.is_repeated:
                 for item in value:
                     _mask(item)
             else:

@@ -132,6 +132,12 @@ def test_redaction_masks_secrets_everywhere():
     line = redacted(request)
     assert "s3cr3t" not in line and "visible" in line and "***" in line
     assert request.secrets["token"] == "s3cr3t", "the request itself is untouched"
+    nested = pb.ValidateVolumeCapabilitiesResponse(
+        confirmed=pb.ValidateVolumeCapabilitiesResponse.Confirmed(
+            volume_capabilities=[pb.VolumeCapability(mount=pb.VolumeCapability.MountVolume(fs_type="xfs"))]
+        )
+    )
+    assert 'fs_type: "xfs"' in redacted(nested)
 
 
 def test_plugin_name_must_be_a_domain_name():
