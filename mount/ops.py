@@ -288,10 +288,13 @@ def publish_block(
     return True
 
 
-def unpublish(target: str, runner: Runner, *, read_table: TableReader = read_mount_table) -> bool:
+def unpublish(
+    target: str, runner: Runner, *, remove_target: bool = True, read_table: TableReader = read_mount_table
+) -> bool:
     """Unmount ``target`` and remove it (empty directory or empty file); True if anything changed.
 
-    Idempotent when the target is absent.  A target that, once unmounted,
+    With ``remove_target=False`` (CSI v0, where the CO owns the target) it is
+    only unmounted.  Idempotent when the target is absent.  A target that, once unmounted,
     still holds data (non-empty directory or file, or another kind of file)
     raises :class:`TargetBusy` and is left as it is.
     """
@@ -299,6 +302,8 @@ def unpublish(target: str, runner: Runner, *, read_table: TableReader = read_mou
     if os.path.islink(path):
         raise TargetBusy(f"{path} is a symbolic link, not a publish target; leaving it alone")
     changed = _unmount_all(os.path.realpath(path), runner, read_table)
+    if not remove_target:
+        return changed
     try:
         st = os.lstat(path)
     except FileNotFoundError:

@@ -132,12 +132,13 @@ class Core:
             problem = cap.problem()
             if problem:
                 raise InvalidParameters(problem)
+        profile = parse_profile(self.profile_parameters(parameters))
         if not self.topology_admits(requisite_topology):
             raise TopologyUnsatisfiable(
                 f"this plugin only provisions on node {self.settings.node_id!r} "
                 f"(topology {self.topology}); none of the requisite segments match"
             )
-        return self.backend.create_volume(name, size, parse_profile(parameters))
+        return self.backend.create_volume(name, size, profile)
 
     def delete_volume(self, volume_id: str) -> None:
         self.backend.delete_volume(volume_id)
@@ -154,10 +155,19 @@ class Core:
         if topology and not self.topology_admits([topology]):
             return Capacity.none()
         try:
-            profile = parse_profile(parameters)
+            profile = parse_profile(self.profile_parameters(parameters))
         except InvalidParameters:
             return Capacity.none()
         return self.backend.capacity(profile)
+
+    def profile_parameters(self, parameters: Mapping[str, str]) -> dict[str, str]:
+        """``parameters`` less the required ones, which must all be present with their values."""
+        required = self.settings.required_parameters
+        missing = {k: v for k, v in required.items() if parameters.get(k) != v}
+        if missing:
+            wanted = ";".join(f"{k}={v}" for k, v in sorted(missing.items()))
+            raise InvalidParameters(f"this plugin requires the parameters {wanted}")
+        return {k: v for k, v in parameters.items() if k not in required}
 
     def list_volumes(self, max_entries: int, starting_token: str) -> tuple[list[Volume], str]:
         return page(self.backend.list_volumes(), max_entries, starting_token, key=lambda v: v.id)
@@ -176,7 +186,8 @@ class Core:
 
     def volume_context(self, volume: Volume) -> dict[str, str]:
         """What the CO gets back in ``volume_context`` and hands to NodeStage/NodePublish."""
-        context = {f"{self.settings.context_prefix}{k}": v for k, v in volume.attributes.items()}
+        context = dict(self.settings.extra_context)
+        context.update({f"{self.settings.context_prefix}{k}": v for k, v in volume.attributes.items()})
         if volume.profile is not None:
             context.update({f"{self.settings.context_prefix}{k}": v for k, v in volume.profile.as_parameters().items()})
         if volume.tags:
@@ -231,9 +242,10 @@ class Core:
                 )
             mount_ops.publish_bind(staging_path, target_path, readonly, capability.mount_flags, self.runner)
 
-    def unpublish(self, volume_id: str, target_path: str) -> None:
+    def unpublish(self, volume_id: str, target_path: str, *, remove_target: bool = True) -> None:
+        """Unmount the target; remove it too unless the CO owns it (CSI v0)."""
         with self._volume_locks(volume_id):
-            mount_ops.unpublish(target_path, self.runner)
+            mount_ops.unpublish(target_path, self.runner, remove_target=remove_target)
 
     def stats(self, volume_id: str, volume_path: str) -> VolumeStats:
         device = self._device(volume_id)

@@ -13,18 +13,13 @@ import stat
 import threading
 from concurrent import futures
 from dataclasses import dataclass
-from typing import Callable, Iterable
 
 import grpc
 import psutil
 
-from plugin.controller import ControllerServicer
 from plugin.core import Core
-from plugin.identity import IdentityServicer
 from plugin.interceptors import interceptor_chain
-from plugin.node import NodeServicer
-from plugin.validation import VALIDATORS
-from protos.v1 import csi_pb2_grpc
+from plugin.versions import resolve
 
 log = logging.getLogger("csilvm.server")
 
@@ -106,21 +101,23 @@ def start_server(
     socket_mode: int = 0o600,
     socket_group: str | None = None,
     max_workers: int = 32,
-    extra_services: Iterable[Callable[[grpc.Server], None]] = (),
+    api_versions: tuple[str, ...] | None = None,
 ) -> RunningServer:
-    """Bind the socket (created with ``socket_mode``) and start serving Identity, Controller and Node."""
+    """Bind the socket (created with ``socket_mode``) and serve Identity, Controller and Node.
+
+    ``api_versions`` restricts the CSI versions served (None: every version csilvm speaks).
+    """
+    versions = resolve(api_versions)
     path = socket_path_of(endpoint)
     claim_socket_path(path)
+    validators = {method: check for v in versions for method, check in v.validators.items()}
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="rpc"),
-        interceptors=interceptor_chain(VALIDATORS),
+        interceptors=interceptor_chain(validators),
         options=[("grpc.so_reuseport", 0)],
     )
-    csi_pb2_grpc.add_IdentityServicer_to_server(IdentityServicer(core), server)
-    csi_pb2_grpc.add_ControllerServicer_to_server(ControllerServicer(core), server)
-    csi_pb2_grpc.add_NodeServicer_to_server(NodeServicer(core), server)
-    for add in extra_services:
-        add(server)
+    for version in versions:
+        version.register(server, core)
     # The socket must never be wider than asked, not even for an instant.
     old_umask = os.umask(0o777 & ~socket_mode)
     try:
@@ -131,7 +128,7 @@ def start_server(
     os.chmod(path, socket_mode)
     if socket_group:
         os.chown(path, -1, grp.getgrnam(socket_group).gr_gid)
-    log.info("serving CSI on %s (backend %s)", path, core.backend.kind)
+    log.info("serving CSI %s on %s (backend %s)", ", ".join(v.name for v in versions), path, core.backend.kind)
     return RunningServer(server, path)
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import re
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Mapping
 
 from lvm.errors import InvalidParameters
 
@@ -22,6 +23,11 @@ class PluginSettings:
     node_id: str = socket.gethostname()
     default_fs: str = "ext4"
     max_volumes_per_node: int = 0  # 0: no limit reported
+    # Parameters every CreateVolume/GetCapacity must carry (Mesos' --create_parameters);
+    # they are checked and removed before the profile is parsed.
+    required_parameters: Mapping[str, str] = field(default_factory=dict)
+    # Added to every volume's context (Mesos' --volume_metadata).
+    extra_context: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not _PLUGIN_NAME.match(self.name):
