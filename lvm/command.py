@@ -6,6 +6,7 @@ Every tool csilvm runs (lvm2, losetup, blkid, mkfs, mount) goes through a
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -63,21 +64,35 @@ class SubprocessRunner:
             program = sh.Command(argv[0])
         except sh.CommandNotFound:
             raise CommandNotFound(f"{argv[0]} is not installed (not found on PATH)", argv=argv) from None
+        # Our own timer instead of sh's _timeout, whose watcher thread polls every
+        # 100 ms and so added 100 ms to every command; wait() without a timeout
+        # also waits for the output readers, so stdout and stderr are complete.
+        proc = program(
+            *argv[1:],
+            _env=full_env,
+            _in=input,
+            _tty_out=False,
+            _return_cmd=True,
+            _ok_code=list(ok_codes),
+            _bg=True,
+            _bg_exc=False,
+            _truncate_exc=False,
+        )
+        expired = threading.Event()
+
+        def kill() -> None:
+            expired.set()
+            with contextlib.suppress(Exception):
+                proc.signal(signal.SIGKILL)
+
+        timer = threading.Timer(deadline, kill)
+        timer.daemon = True
+        timer.start()
         try:
-            proc = program(
-                *argv[1:],
-                _env=full_env,
-                _in=input,
-                _tty_out=False,
-                _return_cmd=True,
-                _ok_code=list(ok_codes),
-                _timeout=deadline,
-                _timeout_signal=signal.SIGKILL,
-                _truncate_exc=False,
-            )
-        except sh.TimeoutException:
-            raise CommandTimeout(f"{' '.join(argv)} did not finish within {deadline:g}s and was killed", argv=argv) from None
+            proc.wait()
         except sh.ErrorReturnCode as exc:
+            if expired.is_set():
+                raise CommandTimeout(f"{' '.join(argv)} did not finish within {deadline:g}s and was killed", argv=argv) from None
             stderr = exc.stderr.decode("utf-8", "replace").strip()
             raise CommandFailed(
                 f"{' '.join(argv)} failed with exit code {exc.exit_code}: {stderr or '(no message)'}",
@@ -85,4 +100,6 @@ class SubprocessRunner:
                 returncode=exc.exit_code,
                 stderr=stderr,
             ) from None
+        finally:
+            timer.cancel()
         return CommandResult(argv, proc.stdout.decode("utf-8", "replace"), proc.stderr.decode("utf-8", "replace"))

@@ -211,6 +211,7 @@ class SystemLoopDevices:
         self.runner = runner
         self.sys_block = sys_block
         self.loop_control = loop_control
+        self._losetup_runs = False
 
     def attached(self) -> list[LoopDevice]:
         return list_attached(self.sys_block)
@@ -228,8 +229,11 @@ class SystemLoopDevices:
         reason = loop_supported(self.loop_control, self.sys_block)
         if reason:
             return reason
-        try:
-            self.runner.run(["losetup", "--version"], timeout=LOSETUP_TIMEOUT)
-        except CommandFailed as exc:
-            return f"losetup does not run: {exc}"
+        if not self._losetup_runs:
+            # Once is enough: Probe is called often (liveness checks) and must stay cheap.
+            try:
+                self.runner.run(["losetup", "--version"], timeout=LOSETUP_TIMEOUT)
+            except CommandFailed as exc:
+                return f"losetup does not run: {exc}"
+            self._losetup_runs = True
         return None

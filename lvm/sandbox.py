@@ -354,13 +354,14 @@ class LoopBackend:
         reason = self.loops.unavailable_reason()
         if reason:
             raise BackendUnavailable(f"loop sandbox: {reason}")
+        # access() and statvfs() rather than writing a file: Probe is called
+        # often and must stay cheap; both see a read-only remount.
         try:
-            probe_file = self.work_dir / f".probe-{os.getpid()}-{threading.get_ident()}"
-            fd = os.open(probe_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-            os.close(fd)
-            probe_file.unlink()
+            read_only = os.statvfs(self.volumes_dir).f_flag & os.ST_RDONLY
         except OSError as exc:
-            raise BackendUnavailable(f"loop sandbox: work dir {self.work_dir} is not writable: {exc}") from None
+            raise BackendUnavailable(f"loop sandbox: work dir {self.volumes_dir} is unusable: {exc}") from None
+        if read_only or not os.access(self.volumes_dir, os.W_OK | os.X_OK):
+            raise BackendUnavailable(f"loop sandbox: work dir {self.volumes_dir} is not writable")
         if self._lock_fd is None:
             raise BackendUnavailable("the loop backend is closed")
 
