@@ -7,11 +7,13 @@ import os
 import stat
 import struct
 from dataclasses import dataclass
-
-import pyudev
+from typing import TYPE_CHECKING
 
 from mount.errors import NotABlockDevice
 from mount.table import MountTable, read_mount_table
+
+if TYPE_CHECKING:  # pyudev is imported when first needed: it costs start-up time and memory
+    import pyudev
 
 BLKGETSIZE64 = 0x80081272  # _IOR(0x12, 114, size_t) on every Linux architecture we run on
 SECTOR_SIZE = 512  # sysfs "size" is always in 512-byte sectors
@@ -67,6 +69,8 @@ class MountedDevice:
 
 
 def _udev_block_device(context: pyudev.Context, path: str, major: int, minor: int, source: str) -> pyudev.Device | None:
+    import pyudev
+
     candidates = [os.makedev(major, minor)]
     try:
         st = os.stat(path)
@@ -91,6 +95,8 @@ def device_of_mount(path: str, table: MountTable | None = None) -> MountedDevice
     entry = (table or read_mount_table()).at(os.path.realpath(path))
     if entry is None:
         return None
+    import pyudev
+
     device = _udev_block_device(pyudev.Context(), entry.mount_point, entry.major, entry.minor, entry.source)
     if device is None:
         return MountedDevice(entry.mount_point, entry.fs_type, entry.source, None, None)

@@ -18,7 +18,7 @@ class IdentityServicer(csi_pb2_grpc.IdentityServicer):
     def GetPluginInfo(self, request, context):
         return csi.GetPluginInfoResponse(
             name=self.core.settings.name,
-            vendor_version=self.core.settings.version,
+            vendor_version=self.core.settings.vendor_version,
             manifest={"backend": self.core.backend.kind},
         )
 

@@ -11,7 +11,6 @@ import time
 from typing import Callable, Mapping
 
 import grpc
-from google.protobuf import text_format
 from google.protobuf.message import Message
 
 from lvm.errors import StorageError
@@ -29,6 +28,8 @@ def _is_secret(field) -> bool:
 
 def redacted(message: Message) -> str:
     """The message on one line, with every field marked ``csi_secret`` (and every ``*secrets`` map) masked."""
+    from google.protobuf import text_format  # only when debug logging is on
+
     copy = type(message)()
     copy.CopyFrom(message)
     _mask(copy)

@@ -15,7 +15,6 @@ from concurrent import futures
 from dataclasses import dataclass
 
 import grpc
-import psutil
 
 from plugin.core import Core
 from plugin.interceptors import interceptor_chain
@@ -59,6 +58,8 @@ def _answers(path: str) -> bool:
 
 def _owner_of(path: str) -> str:
     """Who listens on the socket, for the error message (best effort)."""
+    import psutil  # only on this error path
+
     with contextlib.suppress(psutil.Error, OSError):
         for conn in psutil.net_connections(kind="unix"):
             if conn.laddr == path and conn.pid:

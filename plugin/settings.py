@@ -9,7 +9,8 @@ from typing import Mapping
 
 from lvm.errors import InvalidParameters
 
-from plugin import DEFAULT_PLUGIN_NAME, __version__
+import plugin
+from plugin import DEFAULT_PLUGIN_NAME
 
 
 # The CSI spec's rule for GetPluginInfoResponse.name.
@@ -19,7 +20,7 @@ _PLUGIN_NAME = re.compile(r"^(?=.{1,63}$)[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9]
 @dataclass(frozen=True)
 class PluginSettings:
     name: str = DEFAULT_PLUGIN_NAME
-    version: str = __version__
+    version: str = ""  # empty: the installed package's version, looked up when first asked for
     node_id: str = socket.gethostname()
     default_fs: str = "ext4"
     max_volumes_per_node: int = 0  # 0: no limit reported
@@ -37,6 +38,10 @@ class PluginSettings:
             )
         if not self.node_id:
             raise InvalidParameters("the node id must not be empty")
+
+    @property
+    def vendor_version(self) -> str:
+        return self.version or plugin.__version__
 
     @property
     def topology_key(self) -> str:
