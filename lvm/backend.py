@@ -67,6 +67,9 @@ class Backend(Protocol):
     def get_volume(self, volume_id: str) -> Volume:
         """The volume with this id; VolumeNotFound otherwise."""
 
+    def device_of(self, volume_id: str) -> str | None:
+        """The volume's device node if it exists now, found without running any command."""
+
     def list_volumes(self) -> list[Volume]:
         """Every volume, pre-existing ones included, sorted by id."""
 

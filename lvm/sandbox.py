@@ -482,6 +482,12 @@ class LoopBackend:
                 raise VolumeNotFound(f"no volume {volume_id!r} in the loop sandbox")
             return self._attached_volume(record)
 
+    def device_of(self, volume_id: str) -> str | None:
+        if not is_valid_lv_name(volume_id):
+            return None
+        devices = devices_backed_by(self.image_path(volume_id), self.loops.attached())
+        return devices[0] if devices else None
+
     def list_volumes(self) -> list[Volume]:
         """Every volume, sorted by id; ``device`` is empty for one whose image is not attached now."""
         with self._mutating():

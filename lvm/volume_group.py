@@ -252,6 +252,10 @@ class LvmBackend:
             raise VolumeNotFound(f'no logical volume "{volume_id}" in volume group "{self.vg_name}"')
         return self._volume(lv)
 
+    def device_of(self, volume_id: str) -> str | None:
+        path = f"/dev/{self.vg_name}/{volume_id}"
+        return path if is_lv_id(volume_id) and os.path.exists(path) else None
+
     def capacity(self, profile: Profile) -> Capacity:
         report = self.lvm2.report(self.vg_name)
         if profile.layout is not Layout.LINEAR and not self.raid_supported():

@@ -20,7 +20,7 @@ from lvm.command import Runner
 from lvm.errors import CommandFailed
 from mount.errors import FilesystemMismatch, InvalidMountFlags, MountFailed, NotABlockDevice, TargetBusy, UnmountBusy
 from mount.fs import check_supported, ensure_fs
-from mount.table import MountEntry, MountTable, read_mount_table
+from mount.table import MountEntry, MountTable, read_mount_table, shows_device
 
 TableReader = Callable[[], MountTable]
 
@@ -77,21 +77,6 @@ def _block_device_number(device: str) -> int:
     if not stat.S_ISBLK(st.st_mode):
         raise NotABlockDevice(f"{device} is not a block device")
     return st.st_rdev
-
-
-def mount_shows_device(entry: MountEntry, rdev: int) -> bool:
-    """Whether a mount is of the block device ``rdev``.
-
-    Most file systems report the device's own major:minor; btrfs reports an
-    anonymous 0:N, so for it we look at the mount source instead.
-    """
-    if entry.device_number == rdev:
-        return True
-    try:
-        source = os.stat(entry.source)
-    except OSError:
-        return False
-    return stat.S_ISBLK(source.st_mode) and source.st_rdev == rdev
 
 
 def _describe(entry: MountEntry) -> str:
@@ -196,7 +181,7 @@ def stage_filesystem(
     path = os.path.realpath(staging_path)
     current = read_table().at(path)
     if current is not None:
-        if not mount_shows_device(current, rdev):
+        if not shows_device(current, rdev):
             raise TargetBusy(f"{path} already has another mount ({_describe(current)}), not {device}")
         if current.fs_type != fs_type:
             raise FilesystemMismatch(f"{device} is already staged at {path} as {current.fs_type}, not {fs_type}")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from dataclasses import dataclass
 
 MOUNTINFO_PATH = "/proc/self/mountinfo"
@@ -131,6 +132,15 @@ class MountTable:
                 return None
             current = parent
 
+    def of_device(self, device: str) -> tuple[MountEntry, ...]:
+        """Mounts that expose ``device``: its file system, or its node bind-mounted from devtmpfs."""
+        st = os.stat(device)
+        node = "/" + os.path.relpath(os.path.realpath(device), "/dev")
+        return tuple(
+            e for e in self.entries
+            if shows_device(e, st.st_rdev) or (e.fs_type == "devtmpfs" and e.root == node)
+        )
+
     def under(self, path: str) -> tuple[MountEntry, ...]:
         """Mounts at ``path`` or below it, in mountinfo order."""
         base = _normalize(path)
@@ -142,3 +152,18 @@ def read_mount_table(path: str = MOUNTINFO_PATH) -> MountTable:
     # surrogateescape keeps non-UTF-8 path bytes round-trippable to os functions.
     with open(path, encoding="utf-8", errors="surrogateescape") as f:
         return MountTable(parse_mountinfo(f.read()))
+
+
+def shows_device(entry: MountEntry, rdev: int) -> bool:
+    """Whether a mount is of the file system on block device ``rdev``.
+
+    Most file systems report the device's own major:minor; btrfs reports an
+    anonymous 0:N, so for it we look at the mount source instead.
+    """
+    if entry.device_number == rdev:
+        return True
+    try:
+        source = os.stat(entry.source)
+    except OSError:
+        return False
+    return stat.S_ISBLK(source.st_mode) and source.st_rdev == rdev

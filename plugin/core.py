@@ -16,12 +16,12 @@ from typing import Mapping, Sequence
 
 from lvm.backend import Backend, Capacity, SizeRange, Volume
 from lvm.command import Runner
-from lvm.errors import InvalidParameters, VolumeNotFound
+from lvm.errors import InvalidParameters, VolumeBusy, VolumeNotFound
 from lvm.profiles import parse_profile
 from mount import fs as mount_fs
 from mount import ops as mount_ops
 from mount import stats as mount_stats
-from mount.table import read_mount_table
+from mount.table import read_mount_table, shows_device
 from plugin.errors import NotStaged, TopologyUnsatisfiable
 from plugin.pagination import page
 from plugin.settings import PluginSettings
@@ -141,7 +141,15 @@ class Core:
         return self.backend.create_volume(name, size, profile)
 
     def delete_volume(self, volume_id: str) -> None:
-        self.backend.delete_volume(volume_id)
+        """Delete, unless the volume is still staged or published somewhere on this node."""
+        with self._volume_locks(volume_id):
+            device = self.backend.device_of(volume_id)
+            if device:
+                in_use = read_mount_table().of_device(device)
+                if in_use:
+                    places = ", ".join(sorted({e.mount_point for e in in_use}))
+                    raise VolumeBusy(f"volume {volume_id} is still published or staged at {places}: unpublish it first")
+            self.backend.delete_volume(volume_id)
 
     def capacity(
         self,
@@ -265,4 +273,4 @@ class Core:
 def _is_mount_of(path: str, device: str) -> bool:
     """True when the file system visible at ``path`` is the one on ``device``."""
     entry = read_mount_table().at(os.path.realpath(path))
-    return entry is not None and mount_ops.mount_shows_device(entry, os.stat(device).st_rdev)
+    return entry is not None and shows_device(entry, os.stat(device).st_rdev)

@@ -168,3 +168,14 @@ def test_deleted_volume_shows_no_old_file_system(csi, paths):
     csi.delete(vol.volume_id)
     again = csi.create("recycled", 16 * MiB)
     assert fs_type_of(device_of(csi, again.volume_id)) == ""
+
+
+def test_delete_of_a_block_published_volume_is_refused(csi, paths):
+    # A bind-mounted device node does not hold the device open: the mount table is what tells.
+    _, target = paths
+    vol = csi.create("busy-block", 4 * MiB, block=True)
+    csi.publish(vol.volume_id, "", target, block=True)
+    assert code_of(csi.delete, vol.volume_id) == grpc.StatusCode.FAILED_PRECONDITION
+    csi.unpublish(vol.volume_id, target)
+    csi.delete(vol.volume_id)
+    assert csi.all_volumes() == []
