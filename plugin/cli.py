@@ -82,7 +82,7 @@ def main() -> None:
 def serve(**options) -> None:
     """Serve CSI Identity, Controller and Node on a Unix socket."""
     from plugin.backends import build_core
-    from plugin.server import EndpointError, serve_until_signalled, start_server
+    from plugin.server import EndpointError, serve_until, start_server, stop_on_signals
 
     logging.basicConfig(
         level=options["log_level"].upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -91,13 +91,14 @@ def serve(**options) -> None:
     # sh runs reader threads for every command; a short GIL switch interval keeps
     # cheap RPCs (Probe, GetCapacity) fast while mutations run beside them.
     sys.setswitchinterval(0.0005)
+    stop = stop_on_signals()
     try:
         core = build_core(options)
         running = start_server(core, options["endpoint"], socket_mode=options["socket_mode"], socket_group=options["socket_group"])
     except (EndpointError, InvalidParameters) as exc:
         raise click.ClickException(str(exc)) from None
     _release_start_up_memory()
-    serve_until_signalled(running)
+    serve_until(stop, running)
     core.backend.close()
 
 

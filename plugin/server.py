@@ -133,8 +133,9 @@ def start_server(
     return RunningServer(server, path)
 
 
-def serve_until_signalled(running: RunningServer, grace: float = 10.0) -> None:
-    """Block until SIGTERM or SIGINT, then stop gracefully."""
+def stop_on_signals() -> threading.Event:
+    """An event set by SIGTERM or SIGINT.  Install it before serving, so that no
+    signal in the first instants of serving kills the process without clean-up."""
     stop = threading.Event()
 
     def on_signal(signum, frame):
@@ -143,6 +144,11 @@ def serve_until_signalled(running: RunningServer, grace: float = 10.0) -> None:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    return stop
+
+
+def serve_until(stop: threading.Event, running: RunningServer, grace: float = 10.0) -> None:
+    """Block until ``stop`` is set, then stop gracefully."""
     stop.wait()
     running.stop(grace)
     log.info("stopped")

@@ -1,0 +1,92 @@
+"""A real ``csilvm serve`` process and its clean-up, shared by the e2e, Mesos and VM tests."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+
+from plugin.client import CsiClient
+from protos.v1 import csi_pb2
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Plugin:
+    """One plugin process; ``start`` again after ``kill`` restarts it on the same state."""
+
+    work_dir: Path
+    socket: Path
+    args: list[str] = field(default_factory=list)
+    proc: subprocess.Popen | None = None
+    client: CsiClient | None = None
+    log_path: Path | None = None
+
+    def command(self) -> list[str]:
+        """``args`` choose the backend, e.g. ``--backend loop --work-dir DIR``."""
+        return [
+            sys.executable, "-m", "plugin.cli", "serve",
+            "--endpoint", f"unix://{self.socket}",
+            "--node-id", "test-node",
+            *self.args,
+        ]
+
+    def start(self, timeout: float = 20.0) -> CsiClient:
+        self.log_path = self.work_dir.parent / f"plugin-{time.monotonic_ns()}.log"
+        log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(self.command(), cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        self.client = CsiClient(str(self.socket), timeout=30)
+        wait_until_ready(self.client, self.proc, timeout, self.log_path)
+        return self.client
+
+    def log(self) -> str:
+        return self.log_path.read_text() if self.log_path and self.log_path.exists() else ""
+
+    def kill(self, sig: int = signal.SIGKILL) -> int:
+        assert self.proc is not None
+        self.client.close()
+        self.proc.send_signal(sig)
+        return self.proc.wait(30)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.kill(signal.SIGTERM)
+
+
+def wait_until_ready(client: CsiClient, proc: subprocess.Popen, timeout: float, log_path: Path) -> None:
+    """Poll Probe until it answers ready (the plugin is up) or the process dies."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise AssertionError(f"plugin exited with {proc.returncode}:\n{log_path.read_text()}")
+        try:
+            if client.identity.Probe(csi_pb2.ProbeRequest(), timeout=2).ready.value:
+                return
+        except grpc.RpcError:
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError(f"plugin not ready after {timeout}s:\n{log_path.read_text()}")
+        time.sleep(0.05)
+
+
+def unmount_everything_below(path: Path) -> None:
+    """Leave no mount behind, even when a test failed half-way."""
+    mounts = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+    for mount_point in sorted((m for m in mounts if m.startswith(str(path) + "/")), key=len, reverse=True):
+        subprocess.run(["umount", "-l", mount_point], check=False)
+
+
+def detach_loops_of(work_dir: Path) -> None:
+    for backing in Path("/sys/block").glob("loop*/loop/backing_file"):
+        try:
+            if backing.read_text().strip().startswith(str(work_dir)):
+                subprocess.run(["losetup", "-d", f"/dev/{backing.parent.parent.name}"], check=False)
+        except OSError:
+            pass
