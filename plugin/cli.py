@@ -10,7 +10,7 @@ import sys
 import click
 import grpc
 
-from lvm.errors import InvalidParameters
+from lvm.errors import StorageError
 from lvm.units import format_size, parse_size
 from plugin import DEFAULT_PLUGIN_NAME
 
@@ -27,7 +27,7 @@ class SizeParam(click.ParamType):
             return value
         try:
             return parse_size(value)
-        except InvalidParameters as exc:
+        except StorageError as exc:
             self.fail(str(exc), param, ctx)
 
 
@@ -95,7 +95,7 @@ def serve(**options) -> None:
     try:
         core = build_core(options)
         running = start_server(core, options["endpoint"], socket_mode=options["socket_mode"], socket_group=options["socket_group"])
-    except (EndpointError, InvalidParameters) as exc:
+    except (EndpointError, StorageError) as exc:  # e.g. the VG exists with other PVs
         raise click.ClickException(str(exc)) from None
     _release_start_up_memory()
     serve_until(stop, running)

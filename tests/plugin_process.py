@@ -27,6 +27,7 @@ class Plugin:
     proc: subprocess.Popen | None = None
     client: CsiClient | None = None
     log_path: Path | None = None
+    env: dict[str, str] | None = None  # None: this process's environment
 
     def command(self) -> list[str]:
         """``args`` choose the backend, e.g. ``--backend loop --work-dir DIR``."""
@@ -40,7 +41,7 @@ class Plugin:
     def start(self, timeout: float = 20.0) -> CsiClient:
         self.log_path = self.work_dir.parent / f"plugin-{time.monotonic_ns()}.log"
         log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(self.command(), cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(self.command(), cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=self.env)
         log.close()
         self.client = CsiClient(str(self.socket), timeout=30)
         wait_until_ready(self.client, self.proc, timeout, self.log_path)
