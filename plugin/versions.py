@@ -40,8 +40,22 @@ def _v1() -> ApiVersion:
     return ApiVersion("v1", _register_v1, VALIDATORS)
 
 
+def _v0() -> ApiVersion:
+    from plugin.v0 import register
+    from plugin.v0.validation import VALIDATORS
+
+    return ApiVersion("v0", register, VALIDATORS)
+
+
+def _v0_1() -> ApiVersion:
+    from plugin.v0_1 import register
+    from plugin.v0_1.validation import VALIDATORS
+
+    return ApiVersion("v0.1", register, VALIDATORS)
+
+
 # name -> factory (imports stay lazy: a plugin serving one version loads only that one)
-API_VERSIONS: dict[str, Callable[[], ApiVersion]] = {"v1": _v1}
+API_VERSIONS: dict[str, Callable[[], ApiVersion]] = {"v1": _v1, "v0": _v0, "v0.1": _v0_1}
 ALL_VERSIONS = tuple(API_VERSIONS)
 
 
