@@ -78,31 +78,43 @@ def main() -> None:
 @click.option("--socket-mode", type=OctalParam(), envvar="CSILVM_SOCKET_MODE", default="0600", show_default=True)
 @click.option("--socket-group", envvar="CSILVM_SOCKET_GROUP", help="group owning the socket (with --socket-mode 0660)")
 @click.option("--command-timeout", type=float, envvar="CSILVM_COMMAND_TIMEOUT", default=120.0, show_default=True, help="seconds before an lvm2/mkfs/mount command is killed")
+@click.option("--api-version", "api_versions", multiple=True, type=click.Choice(["v1", "v0", "v0.1"]), envvar="CSILVM_API_VERSION", help="serve only these CSI versions (repeatable)  [default: v1, v0 (spec 0.2/0.3) and v0.1]")
 @click.option("--log-level", envvar="CSILVM_LOG_LEVEL", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"]))
 def serve(**options) -> None:
     """Serve CSI Identity, Controller and Node on a Unix socket."""
     from plugin.backends import build_core
     from plugin.server import EndpointError, serve_until, start_server, stop_on_signals
 
+    configure_process(options["log_level"])
+    stop = stop_on_signals()
+    try:
+        core = build_core(options)
+        running = start_server(
+            core,
+            options["endpoint"],
+            socket_mode=options["socket_mode"],
+            socket_group=options["socket_group"],
+            api_versions=tuple(options["api_versions"]) or None,
+        )
+    except (EndpointError, StorageError) as exc:  # e.g. the VG exists with other PVs
+        raise click.ClickException(str(exc)) from None
+    release_start_up_memory()
+    serve_until(stop, running)
+    core.backend.close()
+
+
+def configure_process(log_level: str) -> None:
+    """Logging to stderr, and scheduling suited to a server that runs commands from RPC threads."""
     logging.basicConfig(
-        level=options["log_level"].upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        level=log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     logging.getLogger("sh").setLevel(logging.WARNING)  # sh logs every byte it reads at DEBUG
     # sh runs reader threads for every command; a short GIL switch interval keeps
     # cheap RPCs (Probe, GetCapacity) fast while mutations run beside them.
     sys.setswitchinterval(0.0005)
-    stop = stop_on_signals()
-    try:
-        core = build_core(options)
-        running = start_server(core, options["endpoint"], socket_mode=options["socket_mode"], socket_group=options["socket_group"])
-    except (EndpointError, StorageError) as exc:  # e.g. the VG exists with other PVs
-        raise click.ClickException(str(exc)) from None
-    _release_start_up_memory()
-    serve_until(stop, running)
-    core.backend.close()
 
 
-def _release_start_up_memory() -> None:
+def release_start_up_memory() -> None:
     """Give the heap that imports and start-up left free back to the OS (idle RSS)."""
     import ctypes
     import gc

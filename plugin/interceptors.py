@@ -27,7 +27,7 @@ def _is_secret(field) -> bool:
 
 
 def redacted(message: Message) -> str:
-    """The message on one line, with every field marked ``csi_secret`` (and every ``*secrets`` map) masked."""
+    """The message on one line, with every ``csi_secret`` field and ``*secrets``/``*credentials`` map masked."""
     from google.protobuf import text_format  # only when debug logging is on
 
     copy = type(message)()
@@ -38,7 +38,8 @@ def redacted(message: Message) -> str:
 
 def _mask(message: Message) -> None:
     for field, value in message.ListFields():
-        if _is_secret(field) or field.name.endswith("secrets"):
+        # CSI 0.1 has no csi_secret option: its secrets are the *_credentials maps.
+        if _is_secret(field) or field.name.endswith(("secrets", "credentials")):
             if field.message_type is not None and field.message_type.GetOptions().map_entry:
                 for key in list(value):
                     value[key] = "***"

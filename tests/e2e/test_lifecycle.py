@@ -73,3 +73,24 @@ def test_debug_log_names_rpcs_and_never_secrets(plugin_factory):
     assert "/csi.v1.Controller/CreateVolume request" in log
     assert "/csi.v1.Controller/CreateVolume -> OK" in log
     assert "hunter2-very-secret" not in log
+
+
+def test_api_version_restricts_what_is_served(plugin_factory):
+    import grpc
+
+    from protos.v0 import csi_pb2 as v0
+    from protos.v0 import csi_pb2_grpc as v0_grpc
+
+    p = plugin_factory("--api-version", "v1")
+    csi = p.start()
+    v0_identity = v0_grpc.IdentityStub(csi.channel)
+    try:
+        v0_identity.GetPluginInfo(v0.GetPluginInfoRequest(), timeout=10)
+    except grpc.RpcError as err:
+        assert err.code() == grpc.StatusCode.UNIMPLEMENTED
+    else:
+        raise AssertionError("v0 must not be served with --api-version v1")
+    p.kill(signal.SIGTERM)
+    served = plugin_factory()  # default: every version
+    served.start()
+    assert v0_grpc.IdentityStub(served.client.channel).GetPluginInfo(v0.GetPluginInfoRequest(), timeout=10).name

@@ -138,6 +138,10 @@ def test_redaction_masks_secrets_everywhere():
         )
     )
     assert 'fs_type: "xfs"' in redacted(nested)
+    from protos.v0_1 import csi_pb2 as pb01
+
+    old = pb01.CreateVolumeRequest(name="n", user_credentials={"pw": "hunter2"})
+    assert "hunter2" not in redacted(old)
 
 
 def test_plugin_name_must_be_a_domain_name():
