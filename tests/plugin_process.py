@@ -28,6 +28,7 @@ class Plugin:
     client: CsiClient | None = None
     log_path: Path | None = None
     env: dict[str, str] | None = None  # None: this process's environment
+    client_timeout: float = 30.0  # per RPC
 
     def command(self) -> list[str]:
         """``args`` choose the backend, e.g. ``--backend loop --work-dir DIR``."""
@@ -43,7 +44,7 @@ class Plugin:
         log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(self.command(), cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=self.env)
         log.close()
-        self.client = CsiClient(str(self.socket), timeout=30)
+        self.client = CsiClient(str(self.socket), timeout=self.client_timeout)
         wait_until_ready(self.client, self.proc, timeout, self.log_path)
         return self.client
 
