@@ -82,7 +82,9 @@ def test_all_versions_by_default(containers):
 
 def test_csi_0_1_sequence(containers):
     pb, pb_grpc = require("v0.1", "v0_1")
+    # CSILVM_STATE_DIR: the plugin's private 0.1 staging mounts stay under this test's directory.
     container = containers({"CSI_AVAILABLE_CAPACITY": "64MB"}, "--api_version=v0.1")
+    container.env["CSILVM_STATE_DIR"] = str(container.work_dir.parent / "state")
     container.launch()
     channel = grpc.insecure_channel(container.endpoint)
     identity, controller, node = (pb_grpc.IdentityStub(channel), pb_grpc.ControllerStub(channel), pb_grpc.NodeStub(channel))
