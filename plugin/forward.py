@@ -9,14 +9,13 @@ Mesos' test plugin.  CSI has unary methods only, and so has the proxy.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from concurrent import futures
 from dataclasses import dataclass
 
 import grpc
 
-from plugin.server import RunningServer, claim_socket_path, socket_path_of
+from plugin.server import RunningServer, claim_socket_path, socket_path_of, start_on_socket
 
 log = logging.getLogger("csilvm.forward")
 
@@ -100,12 +99,6 @@ def start_forwarder(endpoint: str, target: str, *, socket_mode: int = 0o600, max
         options=[("grpc.so_reuseport", 0)],
     )
     server.add_generic_rpc_handlers((ForwardingHandler(channel),))
-    old_umask = os.umask(0o777 & ~socket_mode)
-    try:
-        server.add_insecure_port(f"unix://{path}")
-        server.start()
-    finally:
-        os.umask(old_umask)
-    os.chmod(path, socket_mode)
+    start_on_socket(server, path, socket_mode)
     log.info("forwarding every CSI call on %s to %s", path, target)
     return Forwarder(server, path, channel)

@@ -83,6 +83,20 @@ def claim_socket_path(path: str) -> None:
     os.unlink(path)
 
 
+def start_on_socket(server: grpc.Server, path: str, socket_mode: int = 0o600, socket_group: str | None = None) -> None:
+    """Bind ``server`` to the Unix socket ``path`` and start it; the socket is never wider than ``socket_mode``,
+    not even for an instant (umask while binding)."""
+    old_umask = os.umask(0o777 & ~socket_mode)
+    try:
+        server.add_insecure_port(f"unix://{path}")
+        server.start()
+    finally:
+        os.umask(old_umask)
+    os.chmod(path, socket_mode)
+    if socket_group:
+        os.chown(path, -1, grp.getgrnam(socket_group).gr_gid)
+
+
 @dataclass
 class RunningServer:
     server: grpc.Server
@@ -119,16 +133,7 @@ def start_server(
     )
     for version in versions:
         version.register(server, core)
-    # The socket must never be wider than asked, not even for an instant.
-    old_umask = os.umask(0o777 & ~socket_mode)
-    try:
-        server.add_insecure_port(f"unix://{path}")
-        server.start()
-    finally:
-        os.umask(old_umask)
-    os.chmod(path, socket_mode)
-    if socket_group:
-        os.chown(path, -1, grp.getgrnam(socket_group).gr_gid)
+    start_on_socket(server, path, socket_mode, socket_group)
     log.info("serving CSI %s on %s (backend %s)", ", ".join(v.name for v in versions), path, core.backend.kind)
     return RunningServer(server, path)
 
