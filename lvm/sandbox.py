@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator, Mapping
 
 from lvm.backend import Capacity, SizeRange, Volume, choose_size
-from lvm.command import Runner
 from lvm.errors import BackendUnavailable, InvalidParameters, OutOfRange, VolumeBusy, VolumeExists, VolumeNotFound
 from lvm.loop import LoopDevice, LoopDevices, SystemLoopDevices, devices_backed_by, wipe_ends
 from lvm.names import is_valid_lv_name, lv_name_for
@@ -277,7 +276,6 @@ class LoopBackend:
         self,
         work_dir: str | os.PathLike,
         capacity_bytes: int,
-        runner: Runner,
         default_size: int,
         granularity: int = MiB,
         wipe: Wipe = wipe_ends,
@@ -291,9 +289,8 @@ class LoopBackend:
         self.capacity_bytes = capacity_bytes
         self.default_size = default_size
         self.granularity = granularity
-        self.runner = runner
         self.wipe = wipe
-        self.loops: LoopDevices = loops if loops is not None else SystemLoopDevices(runner)
+        self.loops: LoopDevices = loops if loops is not None else SystemLoopDevices()
         self._lock = threading.Lock()
         self._lock_fd: int | None = None
         self.open()

@@ -15,7 +15,7 @@ def build_backend(options: Mapping[str, Any], runner: SubprocessRunner):
     if options["backend"] == "loop":
         from lvm.sandbox import LoopBackend
 
-        return LoopBackend(options["work_dir"], options["capacity"], runner, options["default_size"])
+        return LoopBackend(options["work_dir"], options["capacity"], options["default_size"])
     if not options.get("volume_group"):
         raise click.UsageError("--backend lvm needs --volume-group")
     from lvm.lvm2 import Lvm2

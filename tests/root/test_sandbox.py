@@ -26,8 +26,6 @@ from lvm.units import MiB
 def _skip_reason() -> str | None:
     if os.geteuid() != 0:
         return "needs root (loop devices)"
-    if shutil.which("losetup") is None:
-        return "losetup is not installed"
     return loop_supported()
 
 
@@ -38,22 +36,17 @@ DEFAULT = 4 * MiB
 
 
 @pytest.fixture
-def runner() -> SubprocessRunner:
-    return SubprocessRunner(default_timeout=60)
-
-
-@pytest.fixture
-def work_dir(tmp_path, runner):
+def work_dir(tmp_path):
     """A work dir; at teardown, every loop device backed by a file under tmp_path is detached."""
     yield tmp_path / "work"
     prefix = os.path.realpath(tmp_path) + os.sep
     for device in list_attached():
         if device.backing_file.startswith(prefix):
-            loop.detach(device.device, runner)
+            loop.detach(device.device)
 
 
-def make(work_dir: Path, runner, capacity: int = 64 * MiB) -> LoopBackend:
-    return LoopBackend(work_dir, capacity, runner, DEFAULT)
+def make(work_dir: Path, capacity: int = 64 * MiB) -> LoopBackend:
+    return LoopBackend(work_dir, capacity, DEFAULT)
 
 
 def write_at(path: str, offset: int, data: bytes) -> None:
@@ -82,12 +75,12 @@ def device_size(device: str) -> int:
     return int(Path(f"/sys/block/{os.path.basename(device)}/size").read_text()) * 512
 
 
-def test_probe(work_dir, runner):
-    make(work_dir, runner).probe()
+def test_probe(work_dir):
+    make(work_dir).probe()
 
 
-def test_create_get_list_delete(work_dir, runner):
-    backend = make(work_dir, runner)
+def test_create_get_list_delete(work_dir):
+    backend = make(work_dir)
     vol = backend.create_volume("pvc-1", SizeRange(required=5 * MiB + 1), LINEAR)
     assert (vol.id, vol.size, vol.name) == ("pvc-1", 6 * MiB, "pvc-1")
     assert stat.S_ISBLK(os.stat(vol.device).st_mode)
@@ -105,22 +98,22 @@ def test_create_get_list_delete(work_dir, runner):
     backend.delete_volume("pvc-1")
 
 
-def test_create_is_idempotent(work_dir, runner, tmp_path):
-    backend = make(work_dir, runner)
+def test_create_is_idempotent(work_dir, tmp_path):
+    backend = make(work_dir)
     first = backend.create_volume("v", SizeRange(), LINEAR)
     assert backend.create_volume("v", SizeRange(limit=DEFAULT), LINEAR) == first
     assert len(backend.list_volumes()) == 1 and len(ours(tmp_path)) == 1
 
 
-def test_incompatible_request_is_volume_exists(work_dir, runner):
-    backend = make(work_dir, runner)
+def test_incompatible_request_is_volume_exists(work_dir):
+    backend = make(work_dir)
     backend.create_volume("v", SizeRange(), LINEAR)
     with pytest.raises(VolumeExists, match="outside the requested range"):
         backend.create_volume("v", SizeRange(required=2 * DEFAULT), LINEAR)
 
 
-def test_capacity_is_exact(work_dir, runner):
-    backend = make(work_dir, runner, capacity=40 * MiB)
+def test_capacity_is_exact(work_dir):
+    backend = make(work_dir, capacity=40 * MiB)
     backend.create_volume("a", SizeRange(required=10 * MiB), LINEAR)
     cap = backend.capacity(LINEAR)
     assert cap == Capacity(30 * MiB, 30 * MiB, MiB)
@@ -133,8 +126,8 @@ def test_capacity_is_exact(work_dir, runner):
         backend.create_volume("c", SizeRange(), LINEAR)
 
 
-def test_raid_is_out_of_range_with_no_capacity(work_dir, runner, tmp_path):
-    backend = make(work_dir, runner)
+def test_raid_is_out_of_range_with_no_capacity(work_dir, tmp_path):
+    backend = make(work_dir)
     raid1 = Profile(Layout.RAID1, mirrors=1)
     with pytest.raises(OutOfRange, match="only type=linear"):
         backend.create_volume("r", SizeRange(), raid1)
@@ -143,11 +136,11 @@ def test_raid_is_out_of_range_with_no_capacity(work_dir, runner, tmp_path):
     assert ours(tmp_path) == [] and os.listdir(backend.volumes_dir) == []
 
 
-def test_wipe_ends_on_a_real_device(tmp_path, runner, work_dir):
+def test_wipe_ends_on_a_real_device(tmp_path, work_dir):
     image = tmp_path / "disk.img"
     with open(image, "wb") as f:
         f.truncate(4 * MiB)
-    device = loop.attach(image, runner)
+    device = loop.attach(image)
     for offset in (0, MiB, 3 * MiB):
         write_at(device, offset, b"\x5a" * MiB)
     wipe_ends(device, 4 * MiB)
@@ -159,14 +152,14 @@ def test_wipe_ends_on_a_real_device(tmp_path, runner, work_dir):
     assert data[:MiB] == bytes(MiB) and data[-MiB:] == bytes(MiB) and data[MiB : 2 * MiB] == b"\x5a" * MiB
 
 
-def test_delete_wipes_and_recreate_reads_zeros(work_dir, runner):
+def test_delete_wipes_and_recreate_reads_zeros(work_dir):
     calls = []
 
     def spying_wipe(path: str, size: int) -> None:
         wipe_ends(path, size)
         calls.append((path, size, read_at(path, 0, 4), read_at(path, size - 4, 4)))
 
-    backend = LoopBackend(work_dir, 64 * MiB, runner, DEFAULT, wipe=spying_wipe)
+    backend = LoopBackend(work_dir, 64 * MiB, DEFAULT, wipe=spying_wipe)
     vol = backend.create_volume("v", SizeRange(), LINEAR)
     write_at(vol.device, 0, b"SIGN")
     write_at(vol.device, vol.size - 4, b"TAIL")
@@ -176,43 +169,43 @@ def test_delete_wipes_and_recreate_reads_zeros(work_dir, runner):
     assert read_at(again.device, 0, 4) == bytes(4) and read_at(again.device, again.size - 4, 4) == bytes(4)
 
 
-def test_restart_sees_the_same_volumes(work_dir, runner, tmp_path):
-    backend = make(work_dir, runner)
+def test_restart_sees_the_same_volumes(work_dir, tmp_path):
+    backend = make(work_dir)
     before = [backend.create_volume(n, SizeRange(), LINEAR) for n in ("a", "b")]
     backend.close()
-    restarted = make(work_dir, runner)
+    restarted = make(work_dir)
     assert restarted.list_volumes() == before
     assert len(ours(tmp_path)) == 2
 
 
-def test_reboot_reattaches_and_keeps_data(work_dir, runner, tmp_path):
-    backend = make(work_dir, runner)
+def test_reboot_reattaches_and_keeps_data(work_dir, tmp_path):
+    backend = make(work_dir)
     vol = backend.create_volume("a", SizeRange(), LINEAR)
     backend.create_volume("b", SizeRange(), LINEAR)
     write_at(vol.device, MiB, b"DATA")
     backend.close()
     for device in ours(tmp_path):  # a reboot: every loop device is gone
-        loop.detach(device.device, runner)
+        loop.detach(device.device)
     assert ours(tmp_path) == []
-    rebooted = make(work_dir, runner)
+    rebooted = make(work_dir)
     volumes = rebooted.list_volumes()
     assert [v.id for v in volumes] == ["a", "b"] and all(v.device for v in volumes)
     assert {d.device for d in ours(tmp_path)} == {v.device for v in volumes}
     assert read_at(volumes[0].device, MiB, 4) == b"DATA"
 
 
-def test_leftovers_of_an_interrupted_create_are_repaired(work_dir, runner, tmp_path):
-    backend = make(work_dir, runner)
+def test_leftovers_of_an_interrupted_create_are_repaired(work_dir, tmp_path):
+    backend = make(work_dir)
     backend.create_volume("whole", SizeRange(), LINEAR)
     backend.close()
     vdir = work_dir / "volumes"
     orphan = vdir / "orphan.img"
     with open(orphan, "wb") as f:
         f.truncate(DEFAULT)
-    loop.attach(orphan, runner)  # killed after attaching, before the metadata
+    loop.attach(orphan)  # killed after attaching, before the metadata
     (vdir / "half.json.tmp").write_text("{")
     (vdir / "gone.json").write_text((vdir / "whole.json").read_text().replace('"whole"', '"gone"'))
-    repaired = make(work_dir, runner)
+    repaired = make(work_dir)
     assert sorted(os.listdir(vdir)) == ["whole.img", "whole.json"]
     assert [d.backing_file for d in ours(tmp_path)] == [str(vdir / "whole.img")]
     assert [v.id for v in repaired.list_volumes()] == ["whole"]
@@ -221,24 +214,24 @@ def test_leftovers_of_an_interrupted_create_are_repaired(work_dir, runner, tmp_p
 def _create_and_die_before_commit(work_dir: Path) -> None:
     """Child: create a volume, SIGKILLed after attaching the image, before writing its metadata."""
     sandbox.write_atomically = lambda path, text: os.kill(os.getpid(), signal.SIGKILL)
-    make(work_dir, SubprocessRunner()).create_volume("v", SizeRange(), LINEAR)
+    make(work_dir).create_volume("v", SizeRange(), LINEAR)
     os._exit(0)
 
 
-def test_kill_9_during_create_leaves_nothing_after_restart(work_dir, runner, tmp_path):
+def test_kill_9_during_create_leaves_nothing_after_restart(work_dir, tmp_path):
     child = multiprocessing.get_context("fork").Process(target=_create_and_die_before_commit, args=(work_dir,))
     child.start()
     child.join(timeout=60)
     assert child.exitcode == -signal.SIGKILL
     assert len(ours(tmp_path)) == 1 and os.listdir(work_dir / "volumes") == ["v.img"]
-    backend = make(work_dir, runner)
+    backend = make(work_dir)
     assert backend.list_volumes() == [] and ours(tmp_path) == []
     assert os.listdir(work_dir / "volumes") == []
     assert backend.create_volume("v", SizeRange(), LINEAR).size == DEFAULT
 
 
-def test_parallel_creates_make_one_volume_per_name(work_dir, runner, tmp_path):
-    backend = make(work_dir, runner, capacity=256 * MiB)
+def test_parallel_creates_make_one_volume_per_name(work_dir, tmp_path):
+    backend = make(work_dir, capacity=256 * MiB)
     names = [f"pvc-{i}" for i in range(8)]
     results, errors = [], []
     barrier = threading.Barrier(16)
@@ -261,8 +254,8 @@ def test_parallel_creates_make_one_volume_per_name(work_dir, runner, tmp_path):
 
 
 @pytest.mark.parametrize("volume_id", ["../x", "a/b", "", "..", "/x", "x/../../x"])
-def test_malformed_ids_touch_nothing_outside(work_dir, runner, tmp_path, volume_id):
-    backend = make(work_dir, runner)
+def test_malformed_ids_touch_nothing_outside(work_dir, tmp_path, volume_id):
+    backend = make(work_dir)
     backend.create_volume("x", SizeRange(), LINEAR)
     sentinels = [tmp_path / "x.img", tmp_path / "x.json", work_dir / "x.img", work_dir / "x.json"]
     for path in sentinels:
@@ -272,8 +265,8 @@ def test_malformed_ids_touch_nothing_outside(work_dir, runner, tmp_path, volume_
     assert [v.id for v in backend.list_volumes()] == ["x"] and len(ours(tmp_path)) == 1
 
 
-def test_exclusively_open_volume_is_busy(work_dir, runner, tmp_path):
-    backend = make(work_dir, runner)
+def test_exclusively_open_volume_is_busy(work_dir, tmp_path):
+    backend = make(work_dir)
     vol = backend.create_volume("v", SizeRange(), LINEAR)
     write_at(vol.device, 0, b"KEEP")
     fd = os.open(vol.device, os.O_RDONLY | os.O_EXCL)
@@ -288,8 +281,9 @@ def test_exclusively_open_volume_is_busy(work_dir, runner, tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("mkfs.ext4") is None, reason="mkfs.ext4 is not installed")
-def test_mounted_volume_is_busy(work_dir, runner, tmp_path):
-    backend = make(work_dir, runner, capacity=64 * MiB)
+def test_mounted_volume_is_busy(work_dir, tmp_path):
+    runner = SubprocessRunner()
+    backend = make(work_dir, capacity=64 * MiB)
     vol = backend.create_volume("v", SizeRange(required=16 * MiB), LINEAR)
     runner.run(["mkfs.ext4", "-q", "-F", vol.device])
     target = tmp_path / "mnt"
@@ -304,3 +298,39 @@ def test_mounted_volume_is_busy(work_dir, runner, tmp_path):
     assert read_at(vol.device, 1024 + 56, 2) == b"\x53\xef"  # the ext4 magic: not wiped
     backend.delete_volume("v")
     assert ours(tmp_path) == []
+
+
+def test_attach_and_detach_with_the_loop_ioctls(tmp_path, work_dir):
+    image = tmp_path / "disk.img"
+    with open(image, "wb") as f:
+        f.truncate(4 * MiB)
+    device = loop.attach(image)
+    assert find_attached(image) == device
+    assert int(Path(f"/sys/block/{os.path.basename(device)}/size").read_text()) * 512 == 4 * MiB
+    assert Path(f"/sys/block/{os.path.basename(device)}/ro").read_text().strip() == "0"
+    loop.detach(device)
+    assert find_attached(image) is None
+    loop.detach(device)  # already detached: success
+
+
+def test_parallel_attaches_race_for_free_devices_and_all_succeed(tmp_path, work_dir):
+    """Threads asking for a free device at once get the same one; the losers retry (EBUSY)."""
+    images = []
+    for i in range(8):
+        images.append(tmp_path / f"d{i}.img")
+        with open(images[-1], "wb") as f:
+            f.truncate(MiB)
+    devices: dict[str, str] = {}
+    barrier = threading.Barrier(len(images))
+
+    def attach(image: Path) -> None:
+        barrier.wait()
+        devices[str(image)] = loop.attach(image)
+
+    threads = [threading.Thread(target=attach, args=(image,)) for image in images]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(devices.values())) == len(images)
+    assert {find_attached(image) for image in images} == set(devices.values())

@@ -82,7 +82,7 @@ class RecordingWipe:
 
 def make_backend(work_dir: Path, loops: FakeLoops | None = None, capacity: int = 64 * MiB, **kwargs) -> LoopBackend:
     return LoopBackend(
-        work_dir, capacity, runner=None, default_size=4 * MiB,
+        work_dir, capacity, default_size=4 * MiB,
         wipe=kwargs.pop("wipe", RecordingWipe()), loops=loops if loops is not None else FakeLoops(), **kwargs,
     )
 
@@ -493,3 +493,23 @@ def test_kill_at_any_point_leaves_a_whole_volume_or_nothing(tmp_path, action):
         pytest.fail("the action never completed: raise the step bound")
     # Both outcomes occurred: the kills did land before and after the commit point.
     assert outcomes >= {(-signal.SIGKILL, True), (-signal.SIGKILL, False)}
+
+
+def test_loop_config_matches_the_kernel_struct_layout():
+    from lvm.loop import LOOP_INFO64, loop_config
+
+    config = loop_config(7, "/work/volumes/v.img")
+    # struct loop_config: u32 fd, u32 block_size, struct loop_info64 (232 bytes), u64 __reserved[8]
+    assert LOOP_INFO64.size == 232 and len(config) == 304
+    assert int.from_bytes(config[0:4], "little") == 7 and config[4:8] == bytes(4)
+    info = LOOP_INFO64.unpack(bytes(config[8:240]))
+    assert info[9].rstrip(b"\0") == b"/work/volumes/v.img"  # lo_file_name
+    assert info[8] == 0  # lo_flags: read-write, no autoclear, no partition scan
+    assert config[240:] == bytes(64)
+
+
+def test_loop_info_truncates_long_paths_to_the_kernel_name_size():
+    from lvm.loop import LO_NAME_SIZE, LOOP_INFO64, loop_info
+
+    name = LOOP_INFO64.unpack(loop_info("/" + "x" * 200))[9]
+    assert len(name) == LO_NAME_SIZE and name[-1] == 0
