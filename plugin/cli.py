@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import logging
 import socket
@@ -100,7 +101,7 @@ def serve(**options) -> None:
         raise click.ClickException(str(exc)) from None
     release_start_up_memory()
     serve_until(stop, running)
-    core.backend.close()
+    core.close()
 
 
 def configure_process(log_level: str) -> None:
@@ -109,6 +110,7 @@ def configure_process(log_level: str) -> None:
         level=log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     logging.getLogger("sh").setLevel(logging.WARNING)  # sh logs every byte it reads at DEBUG
+    faulthandler.enable()  # a crash or SIGABRT writes every thread's stack to stderr
     # sh runs reader threads for every command; a short GIL switch interval keeps
     # cheap RPCs (Probe, GetCapacity) fast while mutations run beside them.
     sys.setswitchinterval(0.0005)

@@ -18,6 +18,7 @@ from lvm.backend import Backend, Capacity, SizeRange, Volume
 from lvm.command import Runner
 from lvm.errors import InvalidParameters, VolumeBusy, VolumeNotFound
 from lvm.profiles import parse_profile
+from lvm.writer import MutationWriter
 from mount import fs as mount_fs
 from mount import ops as mount_ops
 from mount import stats as mount_stats
@@ -106,6 +107,12 @@ class Core:
         self.settings = settings
         self.runner = runner
         self._volume_locks = _KeyedLocks()
+        self._writer = MutationWriter()  # creates and deletes, one at a time, at low CPU priority
+
+    def close(self) -> None:
+        """Finish the queued mutations and close the backend."""
+        self._writer.close()
+        self.backend.close()
 
     # ----------------------------------------------------------------- identity
     def probe(self) -> None:
@@ -138,18 +145,21 @@ class Core:
                 f"this plugin only provisions on node {self.settings.node_id!r} "
                 f"(topology {self.topology}); none of the requisite segments match"
             )
-        return self.backend.create_volume(name, size, profile)
+        return self._writer.run(self.backend.create_volume, name, size, profile)
 
     def delete_volume(self, volume_id: str) -> None:
         """Delete, unless the volume is still staged or published somewhere on this node."""
         with self._volume_locks(volume_id):
-            device = self.backend.device_of(volume_id)
-            if device:
-                in_use = read_mount_table().of_device(device)
-                if in_use:
-                    places = ", ".join(sorted({e.mount_point for e in in_use}))
-                    raise VolumeBusy(f"volume {volume_id} is still published or staged at {places}: unpublish it first")
-            self.backend.delete_volume(volume_id)
+            self._writer.run(self._delete_unless_mounted, volume_id)
+
+    def _delete_unless_mounted(self, volume_id: str) -> None:
+        device = self.backend.device_of(volume_id)
+        if device:
+            in_use = read_mount_table().of_device(device)
+            if in_use:
+                places = ", ".join(sorted({e.mount_point for e in in_use}))
+                raise VolumeBusy(f"volume {volume_id} is still published or staged at {places}: unpublish it first")
+        self.backend.delete_volume(volume_id)
 
     def capacity(
         self,

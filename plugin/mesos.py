@@ -233,11 +233,11 @@ def main(ctx: click.Context, **options) -> None:
     try:
         running = start_server(core, options["endpoint"], api_versions=api_versions)
     except EndpointError as exc:
-        core.backend.close()
+        core.close()
         raise click.ClickException(str(exc)) from None
     release_start_up_memory()
     serve_until(stop, running)
-    core.backend.close()
+    core.close()
 
 
 if __name__ == "__main__":

@@ -55,7 +55,13 @@ class Plugin:
         assert self.proc is not None
         self.client.close()
         self.proc.send_signal(sig)
-        return self.proc.wait(30)
+        try:
+            return self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            # The plugin enables faulthandler: SIGABRT writes every thread's stack to its log.
+            self.proc.send_signal(signal.SIGABRT)
+            self.proc.wait(10)
+            raise AssertionError(f"the plugin did not exit within 30 s of signal {sig}; its log:\n{self.log()[-6000:]}") from None
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
