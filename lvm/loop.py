@@ -97,6 +97,17 @@ def list_attached(sys_block: Path = SYS_BLOCK) -> list[LoopDevice]:
     return found
 
 
+def backing_file_of(device: str, sys_block: Path = SYS_BLOCK) -> str | None:
+    """The file behind ``device`` (one sysfs read); None when detached or its file was removed."""
+    try:
+        with open(f"{os.fspath(sys_block)}/{os.path.basename(device)}/loop/backing_file",
+                  encoding="utf-8", errors="surrogateescape") as f:
+            path, deleted = parse_backing_file(f.read())
+    except OSError:
+        return None
+    return None if deleted else path
+
+
 def devices_backed_by(file: str | os.PathLike, attached: list[LoopDevice]) -> list[str]:
     """The devices in ``attached`` whose backing file is ``file`` (by real path, deleted ones excluded)."""
     path = os.path.realpath(file)
@@ -304,6 +315,10 @@ class LoopDevices(Protocol):
 
     def attached(self) -> list[LoopDevice]: ...
 
+    def backing_file(self, device: str) -> str | None:
+        """The file behind ``device``; None when it is not attached or its file was removed."""
+        ...
+
     def attach(self, image: str) -> str: ...
 
     def detach(self, device: str) -> None: ...
@@ -323,6 +338,9 @@ class SystemLoopDevices:
 
     def attached(self) -> list[LoopDevice]:
         return list_attached(self.sys_block)
+
+    def backing_file(self, device: str) -> str | None:
+        return backing_file_of(device, self.sys_block)
 
     def attach(self, image: str) -> str:
         return attach(image, self.loop_control, self.dev, self.sys_block)

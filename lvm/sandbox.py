@@ -11,7 +11,7 @@ On disk, under ``<work_dir>/volumes/``, a volume is two files:
 
 The rename of the metadata is the commit point of a create: a volume exists
 when both files do.  Create writes image -> loop device -> metadata; delete
-wipes -> detaches -> removes image -> removes metadata.  So a kill at any
+detaches -> removes image -> removes metadata.  So a kill at any
 point leaves either a whole volume, or leftovers that are never listed nor
 counted and that :meth:`LoopBackend.open` removes (image without metadata,
 metadata without image, ``*.tmp``).  ``open`` also re-attaches every
@@ -29,14 +29,15 @@ import fcntl
 import json
 import logging
 import os
+import struct
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Mapping
+from typing import Iterable, Iterator, Mapping
 
 from lvm.backend import Capacity, SizeRange, Volume, choose_size
 from lvm.errors import BackendUnavailable, InvalidParameters, OutOfRange, VolumeBusy, VolumeExists, VolumeNotFound
-from lvm.loop import LoopDevice, LoopDevices, SystemLoopDevices, devices_backed_by, wipe_ends
+from lvm.loop import LoopDevice, LoopDevices, SystemLoopDevices, devices_backed_by
 from lvm.names import is_valid_lv_name, lv_name_for
 from lvm.profiles import Layout, Profile, parse_profile
 from lvm.units import MiB, format_size
@@ -48,9 +49,7 @@ METADATA_SUFFIX = ".json"
 TMP_SUFFIX = ".tmp"
 METADATA_FORMAT = 1
 LOCK_FILE = ".lock"
-
-Wipe = Callable[[str, int], None]
-
+GENERATION = struct.Struct("<Q")  # at offset 0 of the lock file
 
 # --- the state on disk (pure where possible) ---------------------------------------------------
 
@@ -265,9 +264,20 @@ def _now() -> str:
 class LoopBackend:
     """Backend (kind ``loop``) of sparse images on loop devices, ``capacity_bytes`` in total.
 
-    Only ``type=linear`` is served.  ``wipe(path, size)`` erases a volume's
-    signatures before it is removed; ``loops`` replaces the real loop devices
+    Only ``type=linear`` is served.  ``loops`` replaces the real loop devices
     (unit tests).  The constructor calls :meth:`open`.
+
+    Delete does not wipe: the image is unlinked and a later volume is a new
+    sparse file, which reads zeros, whatever the old one held.  (LVM wipes
+    because a later LV reuses the same extents.)
+
+    The work dir is the truth; the process keeps what it read of it (records,
+    and the loop device of each volume) and re-reads it when it may have
+    changed under it: each mutation, by any csilvm process, first bumps a
+    generation counter kept in the lock file, and a change of the volumes
+    directory's mtime reveals files added, removed or renamed by hand.  So a
+    create or a GetCapacity costs a pread and a stat, not a read of every
+    volume's metadata.
     """
 
     kind = "loop"
@@ -278,7 +288,6 @@ class LoopBackend:
         capacity_bytes: int,
         default_size: int,
         granularity: int = MiB,
-        wipe: Wipe = wipe_ends,
         *,
         loops: LoopDevices | None = None,
     ):
@@ -289,10 +298,14 @@ class LoopBackend:
         self.capacity_bytes = capacity_bytes
         self.default_size = default_size
         self.granularity = granularity
-        self.wipe = wipe
         self.loops: LoopDevices = loops if loops is not None else SystemLoopDevices()
         self._lock = threading.Lock()
         self._lock_fd: int | None = None
+        # What we read of the work dir, valid while _state_key() == _seen.
+        self._records: dict[str, VolumeRecord] = {}
+        self._unreadable: frozenset[str] = frozenset()
+        self._devices: dict[str, str] = {}  # volume id -> loop device, checked against sysfs on use
+        self._seen: tuple[int, int] | None = None
         self.open()
 
     # -- lifecycle
@@ -313,6 +326,8 @@ class LoopBackend:
                     raise BackendUnavailable(f"cannot use work dir {self.work_dir}: {exc}") from None
         with self._mutating():
             plan = plan_repair(scan(self.volumes_dir), self.loops.attached(), self.volumes_dir)
+            if not plan.empty:
+                self._bump_generation()
             for device in plan.detach:
                 log.info("loop sandbox: detaching %s (its image is a leftover)", device)
                 self.loops.detach(device)
@@ -327,6 +342,7 @@ class LoopBackend:
                     log.info("loop sandbox: re-attached %s to %s", image, device)
                 except Exception as exc:  # noqa: BLE001 - reported, retried by get_volume
                     log.warning("loop sandbox: cannot re-attach %s: %s", image, exc)
+            self._reload()
             return plan
 
     def close(self) -> None:
@@ -337,15 +353,45 @@ class LoopBackend:
 
     @contextlib.contextmanager
     def _mutating(self) -> Iterator[None]:
-        """Exclusive access to the work dir, against other threads and other processes."""
+        """Exclusive access to the work dir, against other threads and other processes,
+        with the in-memory view of it up to date."""
         with self._lock:
             if self._lock_fd is None:
                 raise BackendUnavailable("the loop backend is closed")
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
             try:
+                if self._state_key() != self._seen:
+                    self._reload()
                 yield
             finally:
                 fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+
+    def _state_key(self) -> tuple[int, int]:
+        """(generation in the lock file, mtime of the volumes dir): changes whenever the dir may have."""
+        data = os.pread(self._lock_fd, GENERATION.size, 0)
+        generation = GENERATION.unpack(data)[0] if len(data) == GENERATION.size else 0
+        return generation, os.stat(self.volumes_dir).st_mtime_ns
+
+    def _bump_generation(self) -> None:
+        """Before changing the work dir: tell every other process sharing it to re-read it."""
+        generation = self._state_key()[0] + 1
+        os.pwrite(self._lock_fd, GENERATION.pack(generation), 0)
+
+    def _changed(self) -> None:
+        """After changing the work dir (and the in-memory view with it)."""
+        self._seen = self._state_key()
+
+    def _reload(self) -> None:
+        state = scan(self.volumes_dir)
+        attached = self.loops.attached()
+        self._records = {r.id: r for r in state.records}
+        self._unreadable = frozenset(state.unreadable)
+        self._devices = {}
+        for record in state.records:
+            devices = devices_backed_by(self.image_path(record.id), attached)
+            if devices:
+                self._devices[record.id] = devices[0]
+        self._seen = self._state_key()
 
     def probe(self) -> None:
         reason = self.loops.unavailable_reason()
@@ -370,9 +416,19 @@ class LoopBackend:
     def metadata_path(self, volume_id: str) -> Path:
         return self.volumes_dir / (volume_id + METADATA_SUFFIX)
 
-    def _device_of(self, volume_id: str, attached: list[LoopDevice]) -> str:
-        devices = devices_backed_by(self.image_path(volume_id), attached)
-        return devices[0] if devices else ""
+    def _devices_of(self, volume_id: str) -> list[str]:
+        """The loop devices backed by the volume's image: the one we know of, if the kernel
+        confirms it (one sysfs read), else every one found by reading them all."""
+        image = str(self.image_path(volume_id))
+        known = self._devices.get(volume_id)
+        if known and self.loops.backing_file(known) == image:
+            return [known]
+        devices = devices_backed_by(image, self.loops.attached())
+        if devices:
+            self._devices[volume_id] = devices[0]
+        else:
+            self._devices.pop(volume_id, None)
+        return devices
 
     def _volume(self, record: VolumeRecord, device: str) -> Volume:
         return Volume(
@@ -386,9 +442,9 @@ class LoopBackend:
 
     def _attached_volume(self, record: VolumeRecord) -> Volume:
         """The volume, its image attached to a loop device (attaching it if needed)."""
-        device = self._device_of(record.id, self.loops.attached())
-        if not device:
-            device = self.loops.attach(str(self.image_path(record.id)))
+        devices = self._devices_of(record.id)
+        device = devices[0] if devices else self.loops.attach(str(self.image_path(record.id)))
+        self._devices[record.id] = device
         return self._volume(record, device)
 
     # -- the Backend protocol
@@ -400,28 +456,34 @@ class LoopBackend:
             raise OutOfRange(f"the loop sandbox serves only type=linear, not type={profile.layout.value}")
         volume_id = lv_name_for(name)
         with self._mutating():
-            state = scan(self.volumes_dir)
-            existing = state.record(volume_id)
+            existing = self._records.get(volume_id)
             if existing is not None:
                 reason = is_compatible(existing, name, size, profile)
                 if reason:
                     raise VolumeExists(reason)
                 return self._attached_volume(existing)
-            if volume_id in state.unreadable:
+            if volume_id in self._unreadable:
                 raise VolumeExists(
                     f"volume id {volume_id} exists but its metadata {self.metadata_path(volume_id)} is unreadable"
                 )
             chosen = choose_size(size, self.granularity, self.default_size)
-            free = max(0, self.capacity_bytes - state.used)
+            free = max(0, self.capacity_bytes - self._used())
             if chosen > free:
                 raise OutOfRange(
                     f"the loop sandbox has {format_size(free)} ({free} bytes) free of "
                     f"{format_size(self.capacity_bytes)}; volume {name!r} needs {format_size(chosen)}"
                 )
-            # Under the lock, an image or metadata alone is a leftover of a killed process.
-            self._discard(volume_id)
             record = VolumeRecord(volume_id, name, chosen, tuple(sorted(profile.as_parameters().items())), _now())
-            return self._create(record)
+            self._bump_generation()
+            try:
+                # Under the lock, an image or metadata alone is a leftover of a killed process.
+                self._discard(volume_id)
+                return self._create(record)
+            finally:
+                self._changed()
+
+    def _used(self) -> int:
+        return sum(r.size for r in self._records.values())
 
     def _create(self, record: VolumeRecord) -> Volume:
         image = self.image_path(record.id)
@@ -437,16 +499,20 @@ class LoopBackend:
                     self.loops.detach(device)
                 _remove(image)
             raise
+        self._records[record.id] = record
+        self._devices[record.id] = device
         log.info("loop sandbox: created volume %s (%s) of %d bytes on %s", record.id, record.name, record.size, device)
         return self._volume(record, device)
 
     def _discard(self, volume_id: str) -> None:
-        """Detach and remove whatever files of ``volume_id`` exist (no metadata check, no wipe)."""
+        """Detach and remove whatever files of ``volume_id`` exist (no metadata check)."""
         image = self.image_path(volume_id)
-        for device in devices_backed_by(image, self.loops.attached()):
-            self.loops.detach(device)
-        _remove(image)
+        if image.exists():
+            for device in self._devices_of(volume_id):
+                self.loops.detach(device)
+            _remove(image)
         _remove(self.metadata_path(volume_id))
+        self._devices.pop(volume_id, None)
 
     def delete_volume(self, volume_id: str) -> None:
         if not is_valid_lv_name(volume_id):
@@ -454,27 +520,36 @@ class LoopBackend:
         image, metadata = self.image_path(volume_id), self.metadata_path(volume_id)
         with self._mutating():
             if not image.exists():
-                _remove(metadata)  # the leftover of an interrupted delete, if any
+                if metadata.exists():  # the leftover of an interrupted delete
+                    self._bump_generation()
+                    _remove(metadata)
+                    self._records.pop(volume_id, None)
+                    self._changed()
                 return
-            devices = devices_backed_by(image, self.loops.attached())
+            devices = self._devices_of(volume_id)
             for device in devices:
                 reason = self.loops.busy_reason(device)
                 if reason:
                     raise VolumeBusy(f"volume {volume_id} is in use: {reason}")
-            self.wipe(devices[0] if devices else str(image), image.stat().st_size)
-            for device in devices:
-                self.loops.detach(device)
-            image.unlink()
-            _fsync_dir(self.volumes_dir)
-            _remove(metadata)
-            _fsync_dir(self.volumes_dir)
+            self._bump_generation()
+            try:
+                for device in devices:
+                    self.loops.detach(device)
+                self._devices.pop(volume_id, None)
+                image.unlink()
+                _fsync_dir(self.volumes_dir)
+                self._records.pop(volume_id, None)
+                _remove(metadata)
+                _fsync_dir(self.volumes_dir)
+            finally:
+                self._changed()
             log.info("loop sandbox: deleted volume %s", volume_id)
 
     def get_volume(self, volume_id: str) -> Volume:
         if not is_valid_lv_name(volume_id):
             raise VolumeNotFound(f"no volume {volume_id!r}: not a valid volume id")
         with self._mutating():
-            record = scan(self.volumes_dir).record(volume_id)
+            record = self._records.get(volume_id)
             if record is None:
                 raise VolumeNotFound(f"no volume {volume_id!r} in the loop sandbox")
             return self._attached_volume(record)
@@ -482,20 +557,24 @@ class LoopBackend:
     def device_of(self, volume_id: str) -> str | None:
         if not is_valid_lv_name(volume_id):
             return None
-        devices = devices_backed_by(self.image_path(volume_id), self.loops.attached())
+        devices = self._devices_of(volume_id)
         return devices[0] if devices else None
 
     def list_volumes(self) -> list[Volume]:
         """Every volume, sorted by id; ``device`` is empty for one whose image is not attached now."""
         with self._mutating():
-            state, attached = scan(self.volumes_dir), self.loops.attached()
-            return [self._volume(r, self._device_of(r.id, attached)) for r in state.records]
+            attached = self.loops.attached()
+            volumes = []
+            for volume_id in sorted(self._records):
+                devices = devices_backed_by(self.image_path(volume_id), attached)
+                volumes.append(self._volume(self._records[volume_id], devices[0] if devices else ""))
+            return volumes
 
     def capacity(self, profile: Profile) -> Capacity:
         if profile.layout is not Layout.LINEAR:
             return Capacity.none()
         with self._mutating():
-            used = scan(self.volumes_dir).used
+            used = self._used()
         available = max(0, self.capacity_bytes - used)
         return Capacity(available, available // self.granularity * self.granularity, self.granularity)
 

@@ -152,19 +152,12 @@ def test_wipe_ends_on_a_real_device(tmp_path, work_dir):
     assert data[:MiB] == bytes(MiB) and data[-MiB:] == bytes(MiB) and data[MiB : 2 * MiB] == b"\x5a" * MiB
 
 
-def test_delete_wipes_and_recreate_reads_zeros(work_dir):
-    calls = []
-
-    def spying_wipe(path: str, size: int) -> None:
-        wipe_ends(path, size)
-        calls.append((path, size, read_at(path, 0, 4), read_at(path, size - 4, 4)))
-
-    backend = LoopBackend(work_dir, 64 * MiB, DEFAULT, wipe=spying_wipe)
+def test_a_volume_recreated_after_delete_reads_zeros(work_dir):
+    backend = make(work_dir)
     vol = backend.create_volume("v", SizeRange(), LINEAR)
     write_at(vol.device, 0, b"SIGN")
     write_at(vol.device, vol.size - 4, b"TAIL")
     backend.delete_volume("v")
-    assert calls == [(vol.device, vol.size, bytes(4), bytes(4))]
     again = backend.create_volume("v", SizeRange(), LINEAR)
     assert read_at(again.device, 0, 4) == bytes(4) and read_at(again.device, again.size - 4, 4) == bytes(4)
 

@@ -47,6 +47,11 @@ class FakeLoops:
         with self._lock:
             return sorted(self.devices.values(), key=lambda d: d.device)
 
+    def backing_file(self, device: str) -> str | None:
+        with self._lock:
+            found = self.devices.get(device)
+            return found.backing_file if found and not found.deleted else None
+
     def attach(self, image: str) -> str:
         with self._lock:
             self.calls.append(("attach", image))
@@ -72,18 +77,10 @@ class FakeLoops:
         return next((d.device for d in self.attached() if d.backing_file == os.path.realpath(image)), None)
 
 
-class RecordingWipe:
-    def __init__(self):
-        self.calls: list[tuple[str, int]] = []
-
-    def __call__(self, path: str, size: int) -> None:
-        self.calls.append((path, size))
-
-
 def make_backend(work_dir: Path, loops: FakeLoops | None = None, capacity: int = 64 * MiB, **kwargs) -> LoopBackend:
     return LoopBackend(
         work_dir, capacity, default_size=4 * MiB,
-        wipe=kwargs.pop("wipe", RecordingWipe()), loops=loops if loops is not None else FakeLoops(), **kwargs,
+        loops=loops if loops is not None else FakeLoops(), **kwargs,
     )
 
 
@@ -230,8 +227,8 @@ def files(backend: LoopBackend) -> list[str]:
 
 
 def test_create_get_list_delete(tmp_path):
-    loops, wipe = FakeLoops(), RecordingWipe()
-    backend = make_backend(tmp_path, loops, wipe=wipe)
+    loops = FakeLoops()
+    backend = make_backend(tmp_path, loops)
     vol = backend.create_volume("pvc-1", SizeRange(required=3 * MiB + 1), LINEAR)
     assert (vol.id, vol.size, vol.name, vol.profile) == ("pvc-1", 4 * MiB, "pvc-1", LINEAR)
     assert vol.device == loops.device_of(backend.image_path("pvc-1"))
@@ -241,7 +238,6 @@ def test_create_get_list_delete(tmp_path):
     assert backend.list_volumes() == [vol]
     assert files(backend) == ["pvc-1.img", "pvc-1.json"]
     backend.delete_volume("pvc-1")
-    assert wipe.calls == [(vol.device, 4 * MiB)]
     assert files(backend) == [] and loops.attached() == []
     with pytest.raises(VolumeNotFound):
         backend.get_volume("pvc-1")
@@ -309,13 +305,13 @@ def test_attach_failure_during_create_leaves_nothing(tmp_path):
 
 
 def test_busy_volume_is_not_deleted(tmp_path):
-    loops, wipe = FakeLoops(), RecordingWipe()
-    backend = make_backend(tmp_path, loops, wipe=wipe)
+    loops = FakeLoops()
+    backend = make_backend(tmp_path, loops)
     vol = backend.create_volume("v", SizeRange(), LINEAR)
     loops.busy[vol.device] = f"{vol.device} is mounted at /mnt"
     with pytest.raises(VolumeBusy, match="mounted at /mnt"):
         backend.delete_volume("v")
-    assert wipe.calls == [] and files(backend) == ["v.img", "v.json"] and loops.device_of(backend.image_path("v"))
+    assert files(backend) == ["v.img", "v.json"] and loops.device_of(backend.image_path("v"))
 
 
 @pytest.mark.parametrize("volume_id", ["", "../x", "a/b", "/etc/passwd", "..", ".", "x/../../y", "-x", "a\0b"])
@@ -513,3 +509,37 @@ def test_loop_info_truncates_long_paths_to_the_kernel_name_size():
 
     name = LOOP_INFO64.unpack(loop_info("/" + "x" * 200))[9]
     assert len(name) == LO_NAME_SIZE and name[-1] == 0
+
+
+def test_two_backends_sharing_a_work_dir_see_each_others_changes(tmp_path):
+    """What one process caches of the work dir is re-read once another changed it (generation)."""
+    loops = FakeLoops()
+    first, second = make_backend(tmp_path, loops), make_backend(tmp_path, loops)
+    assert first.capacity(LINEAR).available == 64 * MiB
+    made = second.create_volume("made-by-second", SizeRange(required=8 * MiB), LINEAR)
+    assert [v.id for v in first.list_volumes()] == ["made-by-second"]
+    assert first.capacity(LINEAR).available == 56 * MiB
+    assert first.create_volume("made-by-second", SizeRange(required=8 * MiB), LINEAR) == made
+    first.delete_volume("made-by-second")
+    assert second.list_volumes() == [] and second.capacity(LINEAR).available == 64 * MiB
+    with pytest.raises(VolumeNotFound):
+        second.get_volume("made-by-second")
+
+
+def test_a_volume_removed_by_hand_is_no_longer_listed_nor_counted(tmp_path):
+    backend = make_backend(tmp_path)
+    backend.create_volume("kept", SizeRange(required=4 * MiB), LINEAR)
+    backend.create_volume("removed", SizeRange(required=8 * MiB), LINEAR)
+    os.unlink(backend.metadata_path("removed"))  # the directory's mtime changes
+    assert [v.id for v in backend.list_volumes()] == ["kept"]
+    assert backend.capacity(LINEAR).available == 60 * MiB
+
+
+def test_a_known_device_is_confirmed_by_the_kernel_before_use(tmp_path):
+    loops = FakeLoops()
+    backend = make_backend(tmp_path, loops)
+    vol = backend.create_volume("v", SizeRange(), LINEAR)
+    loops.detach(vol.device)  # e.g. detached by hand
+    assert backend.device_of("v") is None
+    again = backend.get_volume("v")  # re-attached, not the stale device
+    assert again.device != vol.device and backend.device_of("v") == again.device
