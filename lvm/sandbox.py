@@ -239,14 +239,17 @@ def write_atomically(path: Path, text: str) -> None:
 
 
 def create_sparse_file(path: Path, size: int) -> None:
-    """Create ``path`` (it must not exist) as a sparse file of ``size`` bytes."""
+    """Create ``path`` (it must not exist) as a sparse file of ``size`` bytes.
+
+    The file is synced, not its directory entry: the caller syncs the
+    directory once it has written everything it puts there.
+    """
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     try:
         os.ftruncate(fd, size)
         os.fsync(fd)
     finally:
         os.close(fd)
-    _fsync_dir(path.parent)
 
 
 def _remove(path: Path) -> None:
@@ -303,6 +306,7 @@ class LoopBackend:
         self._lock_fd: int | None = None
         # What we read of the work dir, valid while _state_key() == _seen.
         self._records: dict[str, VolumeRecord] = {}
+        self._used_bytes = 0  # sum of the records' sizes
         self._unreadable: frozenset[str] = frozenset()
         self._devices: dict[str, str] = {}  # volume id -> loop device, checked against sysfs on use
         self._seen: tuple[int, int] | None = None
@@ -385,6 +389,7 @@ class LoopBackend:
         state = scan(self.volumes_dir)
         attached = self.loops.attached()
         self._records = {r.id: r for r in state.records}
+        self._used_bytes = state.used
         self._unreadable = frozenset(state.unreadable)
         self._devices = {}
         for record in state.records:
@@ -403,7 +408,10 @@ class LoopBackend:
             read_only = os.statvfs(self.volumes_dir).f_flag & os.ST_RDONLY
         except OSError as exc:
             raise BackendUnavailable(f"loop sandbox: work dir {self.volumes_dir} is unusable: {exc}") from None
-        if read_only or not os.access(self.volumes_dir, os.W_OK | os.X_OK):
+        # Root passes access() on a directory with an x bit unless the file system is
+        # read-only, which statvfs already told: skip the system call.
+        writable = os.geteuid() == 0 or os.access(self.volumes_dir, os.W_OK | os.X_OK)
+        if read_only or not writable:
             raise BackendUnavailable(f"loop sandbox: work dir {self.volumes_dir} is not writable")
         if self._lock_fd is None:
             raise BackendUnavailable("the loop backend is closed")
@@ -483,9 +491,17 @@ class LoopBackend:
                 self._changed()
 
     def _used(self) -> int:
-        return sum(r.size for r in self._records.values())
+        return self._used_bytes
+
+    def _forget(self, volume_id: str) -> None:
+        record = self._records.pop(volume_id, None)
+        if record is not None:
+            self._used_bytes -= record.size
 
     def _create(self, record: VolumeRecord) -> Volume:
+        # One directory sync, in write_atomically after the rename, makes both
+        # entries durable: until then a crash leaves at most leftovers, and the
+        # create has not returned.
         image = self.image_path(record.id)
         create_sparse_file(image, record.size)
         device = ""
@@ -500,6 +516,7 @@ class LoopBackend:
                 _remove(image)
             raise
         self._records[record.id] = record
+        self._used_bytes += record.size
         self._devices[record.id] = device
         log.info("loop sandbox: created volume %s (%s) of %d bytes on %s", record.id, record.name, record.size, device)
         return self._volume(record, device)
@@ -523,7 +540,7 @@ class LoopBackend:
                 if metadata.exists():  # the leftover of an interrupted delete
                     self._bump_generation()
                     _remove(metadata)
-                    self._records.pop(volume_id, None)
+                    self._forget(volume_id)
                     self._changed()
                 return
             devices = self._devices_of(volume_id)
@@ -536,9 +553,10 @@ class LoopBackend:
                 for device in devices:
                     self.loops.detach(device)
                 self._devices.pop(volume_id, None)
+                # Either order of the two removals reaching the disk is repaired by
+                # open() (an image or metadata alone is a leftover): one sync.
                 image.unlink()
-                _fsync_dir(self.volumes_dir)
-                self._records.pop(volume_id, None)
+                self._forget(volume_id)
                 _remove(metadata)
                 _fsync_dir(self.volumes_dir)
             finally:
