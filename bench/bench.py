@@ -8,7 +8,6 @@ Prints a table and writes the figures to bench/results.json.  Needs root (loop d
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
 import os
 import platform
@@ -18,7 +17,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -120,23 +118,21 @@ def bench_loop(rounds: int) -> dict:
             client.unpublish(f"bench-{i}", str(targets / f"t{i}"))
         lat["DeleteVolume"] = summary(timed(lambda i: client.delete(f"bench-{i}"), rounds))
 
-        # Probe latency while 16 CreateVolume calls are in flight.
-        stop = threading.Event()
-
-        def creator(k: int) -> None:
-            n = 0
-            while not stop.is_set():
-                client.create(f"load-{k}-{n}", MiB)
-                client.delete(f"load-{k}-{n}")
-                n += 1
-
-        with concurrent.futures.ThreadPoolExecutor(16) as pool:
-            futures = [pool.submit(creator, k) for k in range(16)]
-            time.sleep(0.5)
-            probes = timed(lambda i: client.probe(), rounds * 4)
-            stop.set()
-            for f in futures:
-                f.result()
+        # Probe latency while 16 CreateVolume calls are in flight, sent by another
+        # process (as a CO's would be), so that this one measures Probe alone.
+        load = subprocess.Popen(
+            [sys.executable, "-m", "bench.load", str(plugin.socket), "--in-flight", "16"],
+            cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )
+        if load.stdout.readline().strip() != "ready":
+            raise SystemExit("the load process failed to start")
+        probes = timed(lambda i: client.probe(), rounds * 4)
+        load.stdin.write("stop\n")
+        load.stdin.flush()
+        out, _ = load.communicate(timeout=600)
+        if load.returncode != 0:
+            raise SystemExit(f"the load process failed ({load.returncode})")
+        results["creates_during_probe_measurement"] = int(out.split()[-1])
         lat["Probe (16 CreateVolume in flight)"] = summary(probes)
         results["probe_p99_ms_under_16_creates"] = lat["Probe (16 CreateVolume in flight)"]["p99_ms"]
         results["latency"] = lat
