@@ -13,8 +13,6 @@ import threading
 from dataclasses import dataclass
 from typing import Mapping, Protocol, Sequence
 
-import sh
-
 from lvm.errors import CommandFailed, CommandNotFound, CommandTimeout
 
 DEFAULT_TIMEOUT = 60.0
@@ -60,6 +58,10 @@ class SubprocessRunner:
         full_env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"), "LC_ALL": "C", "LANG": "C"}
         full_env.update(env or {})
         deadline = self.default_timeout if timeout is None else timeout
+        # Imported on the first command, not at start: the loop sandbox serves
+        # Probe, creates and deletes without one, and sh costs 3 MB of memory.
+        import sh
+
         try:
             program = sh.Command(argv[0])
         except sh.CommandNotFound:
