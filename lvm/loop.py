@@ -166,8 +166,13 @@ def attach(
     dev: Path = DEV,
     sys_block: Path = SYS_BLOCK,
 ) -> str:
-    """Attach ``file`` (read-write) to a free loop device and return the device path."""
-    path = os.path.realpath(file)
+    """Attach ``file`` (read-write) to a free loop device and return the device path.
+
+    ``file`` must not be a symbolic link.  sysfs reports the file's real path
+    whatever name it was attached by; the name given here is only recorded in
+    the device's status (what ``losetup`` shows as BACK-FILE on old kernels).
+    """
+    path = os.path.abspath(file)
     backing_fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
     try:
         for _ in range(ATTACH_ATTEMPTS):

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import fcntl
+import functools
 import json
 import logging
 import os
@@ -64,7 +65,7 @@ class VolumeRecord:
     parameters: tuple[tuple[str, str], ...]  # sorted (key, value) pairs of the profile
     created: str  # ISO 8601, UTC
 
-    @property
+    @functools.cached_property
     def profile(self) -> Profile:
         return parse_profile(dict(self.parameters))
 
@@ -78,8 +79,7 @@ class VolumeRecord:
                 "parameters": dict(self.parameters),
                 "created": self.created,
             },
-            indent=2,
-            sort_keys=True,
+            sort_keys=True,  # one line: json's C encoder does not indent
         )
 
 
