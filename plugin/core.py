@@ -7,12 +7,12 @@ back; nothing here knows a protobuf type.  The controller side delegates to a
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import os
 import threading
-from collections import defaultdict
-from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Iterator, Mapping, Sequence
 
 from lvm.backend import Backend, Capacity, SizeRange, Volume
 from lvm.command import Runner
@@ -87,16 +87,34 @@ class VolumeStats:
     inodes_available: int | None = None
 
 
-@dataclass
-class _KeyedLocks:
-    """One lock per key (volume id), so operations on one volume run one at a time."""
+class KeyedLocks:
+    """One lock per key (volume id), so operations on one volume run one at a time.
 
-    _locks: dict[str, threading.Lock] = field(default_factory=lambda: defaultdict(threading.Lock))
-    _guard: threading.Lock = field(default_factory=threading.Lock)
+    A key's lock lives while someone holds or waits for it, so the table
+    stays as small as the number of volumes being worked on.
+    """
 
-    def __call__(self, key: str) -> threading.Lock:
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._entries: dict[str, list] = {}  # key -> [lock, holders and waiters]
+
+    @contextlib.contextmanager
+    def __call__(self, key: str) -> Iterator[None]:
         with self._guard:
-            return self._locks[key]
+            entry = self._entries.setdefault(key, [threading.Lock(), 0])
+            entry[1] += 1
+        try:
+            with entry[0]:
+                yield
+        finally:
+            with self._guard:
+                entry[1] -= 1
+                if entry[1] == 0:
+                    del self._entries[key]
+
+    def __len__(self) -> int:
+        with self._guard:
+            return len(self._entries)
 
 
 class Core:
@@ -106,7 +124,7 @@ class Core:
         self.backend = backend
         self.settings = settings
         self.runner = runner
-        self._volume_locks = _KeyedLocks()
+        self._volume_locks = KeyedLocks()
         self._writer = MutationWriter()  # creates and deletes, one at a time, at low CPU priority
 
     def close(self) -> None:

@@ -149,3 +149,36 @@ def test_plugin_name_must_be_a_domain_name():
     for bad in ("", "-x", "has space", "a" * 64, "x."):
         with pytest.raises(storage.InvalidParameters):
             PluginSettings(name=bad, node_id="n")
+
+
+def test_keyed_locks_serialize_one_key_and_forget_it_when_free():
+    import threading
+    import time
+
+    from plugin.core import KeyedLocks
+
+    locks = KeyedLocks()
+    inside: list[str] = []
+    overlaps: list[str] = []
+
+    def work(key: str) -> None:
+        with locks(key):
+            if key in inside:
+                overlaps.append(key)
+            inside.append(key)
+            time.sleep(0.01)
+            inside.remove(key)
+
+    threads = [threading.Thread(target=work, args=(key,)) for key in ["a", "a", "a", "b", "b"]]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert overlaps == []
+    assert len(locks) == 0  # no lock kept for keys nobody works on
+
+    with pytest.raises(RuntimeError):
+        with locks("c"):
+            assert len(locks) == 1
+            raise RuntimeError("released on error too")
+    assert len(locks) == 0
