@@ -24,6 +24,7 @@ from lvm.errors import BackendUnavailable, CommandFailed, OutOfRange, StorageErr
 from lvm.lvm2 import Lvm2, VolumeGroupNotFound
 from lvm.profiles import Layout, Profile
 from lvm.report import LogicalVolumeInfo, Report
+from lvm.single_flight import SingleFlight
 from lvm.units import GiB, MiB, format_size
 
 log = logging.getLogger(__name__)
@@ -164,6 +165,7 @@ class LvmBackend:
         self.raid_supported = raid_supported
         self.region_size = region_size
         self._mutation_lock = threading.Lock()
+        self._probe = SingleFlight()  # concurrent Probes share one lvm2 report
 
     # -- setup ----------------------------------------------------------------
 
@@ -214,7 +216,7 @@ class LvmBackend:
 
     def probe(self) -> None:
         try:
-            self.lvm2.report(self.vg_name)
+            self._probe.run(lambda: self.lvm2.report(self.vg_name))
         except BackendUnavailable:
             raise
         except StorageError as exc:

@@ -71,16 +71,22 @@ class Plugin:
 def wait_until_ready(client: CsiClient, proc: subprocess.Popen, timeout: float, log_path: Path) -> None:
     """Poll Probe until it answers ready (the plugin is up) or the process dies."""
     deadline = time.monotonic() + timeout
+    last_error = "none"
     while True:
         if proc.poll() is not None:
             raise AssertionError(f"plugin exited with {proc.returncode}:\n{log_path.read_text()}")
         try:
-            if client.identity.Probe(csi_pb2.ProbeRequest(), timeout=2).ready.value:
+            # Until the socket is up Probe fails at once; once it is, give the
+            # plugin the time left (an lvm2 report can take seconds in an emulated VM).
+            left = max(2.0, deadline - time.monotonic())
+            if client.identity.Probe(csi_pb2.ProbeRequest(), timeout=left).ready.value:
                 return
-        except grpc.RpcError:
-            pass
+        except grpc.RpcError as err:
+            last_error = f"{err.code().name}: {err.details()}"
         if time.monotonic() > deadline:
-            raise AssertionError(f"plugin not ready after {timeout}s:\n{log_path.read_text()}")
+            raise AssertionError(
+                f"plugin not ready after {timeout}s (last Probe: {last_error}):\n{log_path.read_text()}"
+            )
         time.sleep(0.05)
 
 

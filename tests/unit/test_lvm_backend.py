@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
@@ -483,3 +484,61 @@ def test_ensure_refuses_devices_of_another_volume_group():
 def test_ensure_without_devices_needs_the_volume_group():
     with pytest.raises(BackendUnavailable, match="does not exist"):
         LvmBackend(VG, Lvm2(FakeLvm()), wipe=Wipes()).ensure_volume_group()
+
+
+def test_concurrent_probes_share_one_report(backend, fake):
+    entered, release = threading.Event(), threading.Event()
+
+    def slow_report(argv):
+        entered.set()
+        assert release.wait(WAIT), "test did not release the report"
+
+    fake.invocations.clear()
+    fake.before("fullreport", slow_report)
+    probes = [threading.Thread(target=backend.probe) for _ in range(5)]
+    probes[0].start()
+    assert entered.wait(WAIT)
+    for t in probes[1:]:
+        t.start()
+    deadline = time.monotonic() + WAIT
+    while backend._probe.followers < 4:  # every later Probe waits for the running report
+        assert time.monotonic() < deadline, "the other probes did not join the running report"
+        time.sleep(0.001)
+    fake.before("fullreport", None)
+    release.set()
+    for t in probes:
+        t.join(WAIT)
+        assert not t.is_alive()
+    assert fake.invocations["fullreport"] == 1
+    backend.probe()  # once it returned, the next Probe runs its own report
+    assert fake.invocations["fullreport"] == 2
+
+
+def test_a_failed_shared_probe_fails_every_waiter(backend, fake):
+    from lvm.single_flight import SingleFlight
+
+    flight: SingleFlight[int] = SingleFlight()
+    entered, release = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def failing() -> int:
+        entered.set()
+        release.wait(WAIT)
+        raise CommandFailed("lvm: boom")
+
+    def call(fn) -> None:
+        try:
+            flight.run(fn)
+        except CommandFailed as exc:
+            errors.append(exc)
+
+    leader = threading.Thread(target=call, args=(failing,))
+    leader.start()
+    assert entered.wait(WAIT)
+    follower = threading.Thread(target=call, args=(lambda: 1,))
+    follower.start()
+    release.set()
+    leader.join(WAIT)
+    follower.join(WAIT)
+    assert [str(e) for e in errors] == ["lvm: boom", "lvm: boom"]
+    assert flight.run(lambda: 7) == 7
