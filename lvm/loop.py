@@ -73,12 +73,23 @@ def parse_backing_file(text: str) -> tuple[str, bool]:
     return path, False
 
 
-def list_attached(sys_block: Path = SYS_BLOCK) -> list[LoopDevice]:
-    """Every attached loop device, sorted by device name.
+def _read_backing_file(sys_block_dir: str, name: str) -> tuple[str, bool] | None:
+    """(path, deleted) from ``<sys_block>/<name>/loop/backing_file``; None when not bound.
 
-    Devices that detach while we read are skipped.  Plain strings and os calls
-    rather than pathlib: this runs on every create and delete, over every loop
-    device of the host (bound or not).
+    Plain strings and os calls rather than pathlib: this runs on every create
+    and delete.
+    """
+    try:
+        with open(f"{sys_block_dir}/{name}/loop/backing_file", encoding="utf-8", errors="surrogateescape") as f:
+            return parse_backing_file(f.read())
+    except OSError:  # not bound, or detached meanwhile
+        return None
+
+
+def list_attached(sys_block: Path = SYS_BLOCK) -> list[LoopDevice]:
+    """Every attached loop device, sorted by device name (over every loop device of the host).
+
+    Devices that detach while we read are skipped.
     """
     root = os.fspath(sys_block)
     try:
@@ -87,25 +98,16 @@ def list_attached(sys_block: Path = SYS_BLOCK) -> list[LoopDevice]:
         return []
     found = []
     for name in names:
-        try:
-            with open(f"{root}/{name}/loop/backing_file", encoding="utf-8", errors="surrogateescape") as f:
-                text = f.read()
-        except OSError:  # not bound, or detached meanwhile
-            continue
-        path, deleted = parse_backing_file(text)
-        found.append(LoopDevice(f"/dev/{name}", path, deleted))
+        backing = _read_backing_file(root, name)
+        if backing is not None:
+            found.append(LoopDevice(f"/dev/{name}", *backing))
     return found
 
 
 def backing_file_of(device: str, sys_block: Path = SYS_BLOCK) -> str | None:
     """The file behind ``device`` (one sysfs read); None when detached or its file was removed."""
-    try:
-        with open(f"{os.fspath(sys_block)}/{os.path.basename(device)}/loop/backing_file",
-                  encoding="utf-8", errors="surrogateescape") as f:
-            path, deleted = parse_backing_file(f.read())
-    except OSError:
-        return None
-    return None if deleted else path
+    backing = _read_backing_file(os.fspath(sys_block), os.path.basename(device))
+    return backing[0] if backing is not None and not backing[1] else None
 
 
 def devices_backed_by(file: str | os.PathLike, attached: list[LoopDevice]) -> list[str]:

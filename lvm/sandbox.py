@@ -139,9 +139,6 @@ class DirScan:
     def used(self) -> int:
         return sum(r.size for r in self.records)
 
-    def record(self, volume_id: str) -> VolumeRecord | None:
-        return next((r for r in self.records if r.id == volume_id), None)
-
 
 def scan(volumes_dir: Path) -> DirScan:
     """Read the state of ``volumes_dir`` (which must exist)."""
@@ -377,9 +374,11 @@ class LoopBackend:
         return generation, os.stat(self.volumes_dir).st_mtime_ns
 
     def _bump_generation(self) -> None:
-        """Before changing the work dir: tell every other process sharing it to re-read it."""
-        generation = self._state_key()[0] + 1
-        os.pwrite(self._lock_fd, GENERATION.pack(generation), 0)
+        """Before changing the work dir: tell every other process sharing it to re-read it.
+
+        Called under :meth:`_mutating`, which has just read the generation into ``_seen``.
+        """
+        os.pwrite(self._lock_fd, GENERATION.pack(self._seen[0] + 1), 0)
 
     def _changed(self) -> None:
         """After changing the work dir (and the in-memory view with it)."""
@@ -391,12 +390,17 @@ class LoopBackend:
         self._records = {r.id: r for r in state.records}
         self._used_bytes = state.used
         self._unreadable = frozenset(state.unreadable)
-        self._devices = {}
-        for record in state.records:
-            devices = devices_backed_by(self.image_path(record.id), attached)
-            if devices:
-                self._devices[record.id] = devices[0]
+        self._devices = self._devices_from(attached)
         self._seen = self._state_key()
+
+    def _devices_from(self, attached: list[LoopDevice]) -> dict[str, str]:
+        """Each known volume's loop device among ``attached`` (volumes not attached are left out)."""
+        devices = {}
+        for volume_id in self._records:
+            backing = devices_backed_by(self.image_path(volume_id), attached)
+            if backing:
+                devices[volume_id] = backing[0]
+        return devices
 
     def probe(self) -> None:
         reason = self.loops.unavailable_reason()
@@ -475,7 +479,7 @@ class LoopBackend:
                     f"volume id {volume_id} exists but its metadata {self.metadata_path(volume_id)} is unreadable"
                 )
             chosen = choose_size(size, self.granularity, self.default_size)
-            free = max(0, self.capacity_bytes - self._used())
+            free = max(0, self.capacity_bytes - self._used_bytes)
             if chosen > free:
                 raise OutOfRange(
                     f"the loop sandbox has {format_size(free)} ({free} bytes) free of "
@@ -489,9 +493,6 @@ class LoopBackend:
                 return self._create(record)
             finally:
                 self._changed()
-
-    def _used(self) -> int:
-        return self._used_bytes
 
     def _forget(self, volume_id: str) -> None:
         record = self._records.pop(volume_id, None)
@@ -581,18 +582,14 @@ class LoopBackend:
     def list_volumes(self) -> list[Volume]:
         """Every volume, sorted by id; ``device`` is empty for one whose image is not attached now."""
         with self._mutating():
-            attached = self.loops.attached()
-            volumes = []
-            for volume_id in sorted(self._records):
-                devices = devices_backed_by(self.image_path(volume_id), attached)
-                volumes.append(self._volume(self._records[volume_id], devices[0] if devices else ""))
-            return volumes
+            self._devices = self._devices_from(self.loops.attached())
+            return [self._volume(self._records[i], self._devices.get(i, "")) for i in sorted(self._records)]
 
     def capacity(self, profile: Profile) -> Capacity:
         if profile.layout is not Layout.LINEAR:
             return Capacity.none()
         with self._mutating():
-            used = self._used()
+            used = self._used_bytes
         available = max(0, self.capacity_bytes - used)
         return Capacity(available, available // self.granularity * self.granularity, self.granularity)
 

@@ -206,14 +206,6 @@ def wait_for_socket(path: Path, proc: subprocess.Popen, timeout: float, log: Cal
         time.sleep(0.05)
 
 
-def wait_until(condition: Callable[[], bool], timeout: float = 20.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
 # --- CSI clients, one per version ---------------------------------------------------------------
 
 

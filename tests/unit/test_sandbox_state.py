@@ -182,7 +182,8 @@ def test_scan_sorts_whole_volumes_from_leftovers(tmp_path):
     assert state.orphan_metadata == ("gone",)
     assert state.tmp_files == ("x.json.tmp",)
     assert state.unreadable == ("bad",)
-    assert state.record("a").size == 8 * MiB and state.record("zzz") is None
+    by_id = {r.id: r for r in state.records}
+    assert by_id["a"].size == 8 * MiB and "zzz" not in by_id
 
 
 def test_plan_repair(tmp_path):
