@@ -7,6 +7,7 @@ import errno
 import grp
 import logging
 import os
+import select
 import signal
 import socket
 import stat
@@ -153,7 +154,23 @@ def stop_on_signals() -> threading.Event:
 
 
 def serve_until(stop: threading.Event, running: RunningServer, grace: float = 10.0) -> None:
-    """Block until ``stop`` is set, then stop gracefully."""
-    stop.wait()
+    """Block until ``stop`` is set (by SIGTERM or SIGINT), then stop gracefully.
+
+    The kernel may hand a process's signal to any of its threads.  Python runs
+    the handler in the main thread only, and a main thread asleep on a lock
+    (``Event.wait``) is not woken when another thread took the signal: the
+    plugin then never stopped.  So the main thread sleeps in ``select`` on the
+    signal wakeup fd, which every signal writes to, whichever thread takes it.
+    """
+    wake_read, wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    previous = signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
+    try:
+        while not stop.is_set():  # the handler runs before is_set() reads the flag
+            select.select([wake_read], [], [])
+            os.read(wake_read, 4096)
+    finally:
+        signal.set_wakeup_fd(previous)
+        os.close(wake_read)
+        os.close(wake_write)
     running.stop(grace)
     log.info("stopped")
