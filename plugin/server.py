@@ -96,6 +96,19 @@ def start_on_socket(server: grpc.Server, path: str, socket_mode: int = 0o600, so
     os.chmod(path, socket_mode)
     if socket_group:
         os.chown(path, -1, grp.getgrnam(socket_group).gr_gid)
+    notify_ready(f"serving on {path}")
+
+
+def notify_ready(status: str) -> None:
+    """Tell the supervisor listening on ``$NOTIFY_SOCKET`` that the socket serves (systemd's
+    ``Type=notify`` protocol); without it, nothing.  A supervisor that went away is no error."""
+    address = os.environ.get("NOTIFY_SOCKET", "")
+    if not address:
+        return
+    if address.startswith("@"):  # an abstract socket
+        address = "\0" + address[1:]
+    with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+        sock.sendto(f"READY=1\nSTATUS={status}\n".encode(), address)
 
 
 @dataclass

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import select
 import signal
+import socket
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import grpc
 
@@ -42,10 +47,12 @@ class Plugin:
     def start(self, timeout: float = 20.0) -> CsiClient:
         self.log_path = self.work_dir.parent / f"plugin-{time.monotonic_ns()}.log"
         log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(self.command(), cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=self.env)
-        log.close()
-        self.client = CsiClient(str(self.socket), timeout=self.client_timeout)
-        wait_until_ready(self.client, self.proc, timeout, self.log_path)
+        with ReadyNotice() as notice:
+            env = dict(os.environ if self.env is None else self.env, NOTIFY_SOCKET=notice.address)
+            self.proc = subprocess.Popen(self.command(), cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)
+            log.close()
+            self.client = CsiClient(str(self.socket), timeout=self.client_timeout)
+            wait_until_ready(self.client, self.proc, notice, timeout, self.log_path)
         return self.client
 
     def log(self) -> str:
@@ -68,26 +75,50 @@ class Plugin:
             self.kill(signal.SIGTERM)
 
 
-def wait_until_ready(client: CsiClient, proc: subprocess.Popen, timeout: float, log_path: Path) -> None:
-    """Poll Probe until it answers ready (the plugin is up) or the process dies."""
-    deadline = time.monotonic() + timeout
-    last_error = "none"
-    while True:
-        if proc.poll() is not None:
-            raise AssertionError(f"plugin exited with {proc.returncode}:\n{log_path.read_text()}")
+class ReadyNotice:
+    """An abstract datagram socket for ``NOTIFY_SOCKET``: the plugin sends ``READY=1`` on it
+    once its socket serves (systemd's notify protocol)."""
+
+    def __init__(self) -> None:
+        name = f"csilvm-test-{uuid.uuid4().hex}"
+        self.address = "@" + name
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+        self.sock.bind("\0" + name)
+
+    def __enter__(self) -> "ReadyNotice":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.sock.close()
+
+    def wait(self, proc: subprocess.Popen, timeout: float, log: Callable[[], str]) -> None:
+        """Block until the plugin says it serves; fail at once if it exits first."""
+        exited = os.pidfd_open(proc.pid)
         try:
-            # Until the socket is up Probe fails at once; once it is, give the
-            # plugin the time left (an lvm2 report can take seconds in an emulated VM).
-            left = max(2.0, deadline - time.monotonic())
-            if client.identity.Probe(csi_pb2.ProbeRequest(), timeout=left).ready.value:
-                return
-        except grpc.RpcError as err:
-            last_error = f"{err.code().name}: {err.details()}"
-        if time.monotonic() > deadline:
-            raise AssertionError(
-                f"plugin not ready after {timeout}s (last Probe: {last_error}):\n{log_path.read_text()}"
-            )
-        time.sleep(0.05)
+            readable, _, _ = select.select([self.sock, exited], [], [], timeout)
+        finally:
+            os.close(exited)
+        if self.sock not in readable:
+            if proc.poll() is not None:
+                raise AssertionError(f"plugin exited with {proc.returncode} before serving:\n{log()}")
+            raise AssertionError(f"plugin not serving after {timeout}s:\n{log()}")
+        message = self.sock.recv(4096).decode()
+        assert "READY=1" in message.splitlines(), message
+
+
+def wait_until_ready(
+    client: CsiClient, proc: subprocess.Popen, notice: ReadyNotice, timeout: float, log_path: Path
+) -> None:
+    """Wait for the plugin to serve (its READY=1 notice), then for Probe to say it is ready."""
+    deadline = time.monotonic() + timeout
+    notice.wait(proc, timeout, log_path.read_text)
+    # An lvm2 report can take seconds in an emulated VM: give Probe the time left.
+    left = max(2.0, deadline - time.monotonic())
+    try:
+        ready = client.identity.Probe(csi_pb2.ProbeRequest(), timeout=left).ready.value
+    except grpc.RpcError as err:
+        raise AssertionError(f"Probe failed: {err.code().name}: {err.details()}\n{log_path.read_text()}") from None
+    assert ready, f"the plugin serves but Probe says it is not ready:\n{log_path.read_text()}"
 
 
 def unmount_everything_below(path: Path) -> None:

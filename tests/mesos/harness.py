@@ -23,15 +23,14 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Mapping
 
 import grpc
 
-from tests.plugin_process import REPO, detach_loops_of, unmount_everything_below
+from tests.plugin_process import REPO, ReadyNotice, detach_loops_of, unmount_everything_below
 
 MiB = 1 << 20
 EXAMPLES = REPO / "examples" / "mesos"
@@ -158,11 +157,13 @@ class PluginContainer:
             "CSI_WORK_DIR": str(self.work_dir),
             **self.env,
         }
-        with open(self.log_path, "wb") as log:
+        with ReadyNotice() as notice, open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                [*plugin_command(), *self.args], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT
+                [*plugin_command(), *self.args], cwd=REPO, env={**env, "NOTIFY_SOCKET": notice.address},
+                stdout=log, stderr=subprocess.STDOUT,
             )
-        wait_for_socket(self.socket_path, self.proc, timeout, self.log)
+            notice.wait(self.proc, timeout, self.log)
+        assert_accepts_connections(self.socket_path)
         return self.endpoint
 
     def log(self) -> str:
@@ -186,24 +187,10 @@ class PluginContainer:
             shutil.rmtree(d, ignore_errors=True)
 
 
-def wait_for_socket(path: Path, proc: subprocess.Popen, timeout: float, log: Callable[[], str]) -> None:
-    """Poll until something accepts connections on ``path`` (what the SLRP waits for)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if proc.poll() is not None:
-            raise AssertionError(f"plugin exited with {proc.returncode} before serving:\n{log()}")
-        if path.exists():
-            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                probe.connect(str(path))
-                return
-            except OSError:
-                pass
-            finally:
-                probe.close()
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no socket at {path} after {timeout}s:\n{log()}")
-        time.sleep(0.05)
+def assert_accepts_connections(path: Path) -> None:
+    """Something accepts connections on ``path`` (what the SLRP waits for)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.connect(str(path))
 
 
 # --- CSI clients, one per version ---------------------------------------------------------------

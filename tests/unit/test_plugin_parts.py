@@ -182,3 +182,21 @@ def test_keyed_locks_serialize_one_key_and_forget_it_when_free():
             assert len(locks) == 1
             raise RuntimeError("released on error too")
     assert len(locks) == 0
+
+
+def test_notify_ready_speaks_systemds_notify_protocol(monkeypatch):
+    import socket
+    import uuid
+
+    from plugin.server import notify_ready
+
+    name = f"csilvm-unit-{uuid.uuid4().hex}"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as supervisor:
+        supervisor.bind("\0" + name)
+        monkeypatch.setenv("NOTIFY_SOCKET", "@" + name)
+        notify_ready("serving on /run/csi.sock")
+        assert supervisor.recv(4096) == b"READY=1\nSTATUS=serving on /run/csi.sock\n"
+    monkeypatch.setenv("NOTIFY_SOCKET", "@" + name)
+    notify_ready("nobody listens any more")  # no error
+    monkeypatch.delenv("NOTIFY_SOCKET")
+    notify_ready("no supervisor")  # nothing to do
