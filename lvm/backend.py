@@ -34,6 +34,18 @@ class Volume:
 
 
 @dataclass(frozen=True)
+class Condition:
+    """A volume's health, as CSI's VolumeCondition: ``abnormal`` with a message a person can act on."""
+
+    abnormal: bool = False
+    message: str = "healthy"
+
+    @classmethod
+    def problem(cls, message: str) -> Condition:
+        return cls(True, message)
+
+
+@dataclass(frozen=True)
 class Capacity:
     """What GetCapacity reports for one profile, in bytes."""
 
@@ -73,6 +85,24 @@ class Backend(Protocol):
     def list_volumes(self) -> list[Volume]:
         """Every volume, pre-existing ones included, sorted by id."""
 
+    def expand_volume(self, volume_id: str, size: SizeRange) -> int:
+        """Grow the volume to :func:`expansion_target` and return its size in bytes.
+
+        Never shrinks: a range whose ``required`` is at most the current size
+        returns the current size and changes nothing.  VolumeNotFound for an
+        unknown id; OutOfRange (nothing changed) when the growth does not fit.
+        """
+
+    def volume_condition(self, volume_id: str) -> Condition:
+        """The volume's health, looked at without repairing anything; VolumeNotFound for an unknown id."""
+
+    def modify_volume(self, volume_id: str, parameters: Mapping[str, str]) -> Volume:
+        """Change the volume's layout in place to what the (mutable) ``parameters`` say.
+
+        InvalidParameters when the change cannot be made in place; OutOfRange
+        (nothing changed) when it does not fit; the volume as it now is otherwise.
+        """
+
     def capacity(self, profile: Profile) -> Capacity:
         """Exact capacity for ``profile``: CreateVolume of maximum_volume_size succeeds."""
 
@@ -95,6 +125,25 @@ def choose_size(size: SizeRange, granularity: int, default: int) -> int:
         return chosen
     want = size.required or default
     chosen = max(granularity, -(-want // granularity) * granularity)
+    if size.limit and chosen > size.limit:
+        raise OutOfRange(
+            f"no multiple of {granularity} bytes lies in [{size.required}, {size.limit}]: "
+            f"ask for a range that contains one"
+        )
+    return chosen
+
+
+def expansion_target(current: int, size: SizeRange, granularity: int) -> int:
+    """The size an expansion to ``size`` yields: ``current`` when ``required`` is not above it
+    (expansion never shrinks), else the smallest multiple of ``granularity`` at or above ``required``.
+
+    Raises OutOfRange when that multiple exceeds ``limit``.
+    """
+    if size.limit and size.required and size.limit < size.required:
+        raise OutOfRange(f"limit_bytes {size.limit} is below required_bytes {size.required}")
+    if size.required <= current:
+        return current
+    chosen = -(-size.required // granularity) * granularity
     if size.limit and chosen > size.limit:
         raise OutOfRange(
             f"no multiple of {granularity} bytes lies in [{size.required}, {size.limit}]: "
