@@ -221,3 +221,114 @@ def placement(
         f"{format_size(largest)} ({largest} bytes; free extents per PV: "
         f"{', '.join(f'{pv}={n}' for pv, n in sorted(free.items())) or 'none'})"
     )
+
+
+# --- growing and re-laying out an existing LV ---------------------------------------------------
+#
+# ``legs`` are the PVs of each leg of the LV as the report shows them (a raid
+# image with its rmeta, a stripe, or the whole of a linear LV).  Each leg of a
+# raid0 or raid1 LV grows on its own PVs, so the stripes and mirrors stay on
+# distinct devices; a linear LV grows anywhere.
+
+
+def _leg_free(leg: tuple[str, ...], free: Mapping[str, int]) -> int:
+    return sum(free.get(pv, 0) for pv in leg)
+
+
+def max_extension_extents(
+    profile: Profile,
+    legs: tuple[tuple[str, ...], ...],
+    free: Mapping[str, int],
+    current_extents: int,
+    extent_size: int,
+    region_size: int = DEFAULT_REGION_SIZE,
+) -> int:
+    """The most logical extents an LV of ``profile`` on ``legs`` can grow by, now."""
+    if profile.layout is Layout.LINEAR:
+        return sum(n for _, n in _by_free(free))
+    room = min((_leg_free(leg, free) for leg in legs), default=0)
+    if profile.layout is Layout.RAID0:
+        return room * len(legs)
+    current_meta = rmeta_extents(current_extents, extent_size, region_size)
+    low, high = 0, room
+    while low < high:  # the largest d with d + (r(current + d) - r(current)) <= room
+        mid = (low + high + 1) // 2
+        if mid + rmeta_extents(current_extents + mid, extent_size, region_size) - current_meta <= room:
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
+def extension_pvs(
+    profile: Profile,
+    legs: tuple[tuple[str, ...], ...],
+    free: Mapping[str, int],
+    current_extents: int,
+    new_extents: int,
+    extent_size: int,
+    region_size: int = DEFAULT_REGION_SIZE,
+) -> tuple[str, ...]:
+    """The PVs to pass ``lvextend`` to grow the LV to ``new_extents``; OutOfRange (saying what fits) when
+    it does not fit."""
+    delta = new_extents - current_extents
+    largest = max_extension_extents(profile, legs, free, current_extents, extent_size, region_size)
+    if delta > largest:
+        grow_to = (current_extents + largest) * extent_size
+        where = "anywhere in the volume group" if profile.layout is Layout.LINEAR else "on the physical volumes of its legs"
+        raise OutOfRange(
+            f"growing a {describe(profile)} volume from {format_size(current_extents * extent_size)} to "
+            f"{format_size(new_extents * extent_size)} does not fit: it can grow to {format_size(grow_to)} "
+            f"({grow_to} bytes) now, {where} (free extents per PV: "
+            f"{', '.join(f'{pv}={n}' for pv, n in sorted(free.items())) or 'none'})"
+        )
+    if profile.layout is Layout.LINEAR:
+        chosen, covered = [], 0
+        for pv, n in _by_free(free):
+            if covered >= delta:
+                break
+            chosen.append(pv)
+            covered += n
+        return tuple(chosen)
+    return tuple(dict.fromkeys(pv for leg in legs for pv in leg if free.get(pv, 0) > 0))
+
+
+def mirror_change_pvs(
+    legs: tuple[tuple[str, ...], ...],
+    free: Mapping[str, int],
+    extents: int,
+    mirrors: int,
+    extent_size: int,
+    region_size: int = DEFAULT_REGION_SIZE,
+    *,
+    has_metadata: bool,
+) -> tuple[str, ...]:
+    """The PVs to pass ``lvconvert -m mirrors`` for a linear or raid1 LV of ``extents`` on ``legs``.
+
+    New legs need distinct PVs that hold no part of the LV, each with room
+    for the data and one rmeta; a linear LV (``has_metadata`` False) also
+    needs room for the rmeta of its existing leg on that leg's PVs.  Removing
+    legs needs nothing.  OutOfRange, saying why, when it does not fit.
+    """
+    new_legs = mirrors + 1 - len(legs)
+    if new_legs <= 0:
+        return ()
+    meta = rmeta_extents(extents, extent_size, region_size)
+    used = {pv for leg in legs for pv in leg}
+    candidates = [pv for pv, n in _by_free(free) if pv not in used and n >= extents + meta]
+    if len(candidates) < new_legs:
+        raise OutOfRange(
+            f"{mirrors} mirror(s) need {new_legs} more physical volume(s), each with {extents + meta} free extents "
+            f"and holding no part of the volume; {len(candidates)} qualify "
+            f"(free extents per PV: {', '.join(f'{pv}={n}' for pv, n in sorted(free.items())) or 'none'})"
+        )
+    chosen = candidates[:new_legs]
+    if not has_metadata:
+        (leg,) = legs
+        if _leg_free(leg, free) < meta:
+            raise OutOfRange(
+                f"converting to raid1 needs {meta} free extent(s) for the raid metadata on the volume's own "
+                f"physical volume(s) {', '.join(leg)}, which are full"
+            )
+        chosen = [*leg, *chosen]
+    return tuple(dict.fromkeys(chosen))

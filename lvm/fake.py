@@ -40,9 +40,9 @@ ECMD_FAILED = 5
 _OPTIONS_WITH_VALUE = {
     "--config", "--reportformat", "--units", "-o", "--options", "--physicalextentsize", "-s",
     "--addtag", "-n", "--name", "-l", "--extents", "--type", "-i", "--stripes", "-I", "--stripesize",
-    "-m", "--mirrors", "--wipesignatures", "-W", "--regionsize", "-R", "-Z", "--zero",
+    "-m", "--mirrors", "--wipesignatures", "-W", "--regionsize", "-R", "-Z", "--zero", "--deltag",
 }
-_FLAGS = {"--readonly", "--nosuffix", "--yes", "-y", "-a", "--all", "-f", "--force", "--noheadings"}
+_FLAGS = {"--readonly", "--nolocking", "--nosuffix", "--yes", "-y", "-a", "--all", "-f", "--force", "--noheadings"}
 _ALIASES = {
     "--name": "-n", "--extents": "-l", "--stripes": "-i", "--stripesize": "-I", "--mirrors": "-m",
     "-s": "--physicalextentsize", "--options": "-o", "-y": "--yes", "--all": "-a", "-W": "--wipesignatures",
@@ -114,6 +114,8 @@ class _Lv:
     active: bool = True
     open: bool = False
     minor: int = 0
+    health: str = "-"  # lv_attr's health character
+    sync_percent: str = "100.00"
 
 
 @dataclass
@@ -124,6 +126,7 @@ class _Pv:
     vg: str = ""
     pe_count: int = 0
     allocatable: bool = True
+    missing: bool = False
 
 
 @dataclass
@@ -177,6 +180,17 @@ class FakeLvm:
     def set_open(self, vg: str, lv: str, is_open: bool = True) -> None:
         with self._lock:
             self._vgs[vg].lvs[lv].open = is_open
+
+    def set_health(self, vg: str, lv: str, health: str = "-", *, sync_percent: str = "100.00") -> None:
+        """Set lv_attr's health character (``p`` partial, ``r`` refresh needed, ``m`` mismatches) and sync."""
+        with self._lock:
+            self._vgs[vg].lvs[lv].health = health
+            self._vgs[vg].lvs[lv].sync_percent = sync_percent
+
+    def set_missing(self, pv: str, missing: bool = True) -> None:
+        """Make a PV of a VG missing (its device gone): reports say so, every VG change is refused."""
+        with self._lock:
+            self._pvs[pv].missing = missing
 
     def set_allocatable(self, pv: str, allocatable: bool) -> None:
         with self._lock:
@@ -245,7 +259,11 @@ class FakeLvm:
         except _Usage as exc:
             self._fail(argv, f"  {exc}\n  Run `{subcommand} --help' for more information.", EINVALID_CMD_LINE)
         with self._lock:
-            stdout, stderr, code = handler(options, positional)
+            degraded = self._degraded_vg(subcommand, positional)
+            if degraded:
+                stdout, stderr, code = "", f"  Cannot change VG {degraded} while PVs are missing.", ECMD_FAILED
+            else:
+                stdout, stderr, code = handler(options, positional)
         if code not in ok_codes:
             self._fail(argv, stderr, code)
         return CommandResult(argv, stdout, stderr)
@@ -281,6 +299,15 @@ class FakeLvm:
             else:
                 positional.append(arg)
         return options, positional
+
+    def _degraded_vg(self, subcommand: str, positional: Sequence[str]) -> str | None:
+        """The VG a mutating command would change while one of its PVs is missing, if any."""
+        if subcommand not in ("lvcreate", "lvremove", "lvextend", "lvconvert", "lvchange") or not positional:
+            return None
+        vg = self._vgs.get(positional[0].partition("/")[0])
+        if vg is not None and any(self._pvs[pv].missing for pv in vg.pvs):
+            return vg.name
+        return None
 
     # -- allocation -----------------------------------------------------------
 
@@ -479,6 +506,127 @@ class FakeLvm:
             out.append(f'  Logical volume "{lv_name}" successfully removed.')
         return "\n".join(out) + "\n", "", 0
 
+    def _target(self, positional) -> tuple[_Vg | None, _Lv | None, str]:
+        target = positional[0] if positional else ""
+        vg_name, _, lv_name = target.partition("/")
+        vg = self._vgs.get(vg_name)
+        return vg, (vg.lvs.get(lv_name) if vg else None), target
+
+    def _grow_on(self, vg: _Vg, count: int, allowed: list[str], avoid: set[str], pending: list[_Area]) -> list[_Area] | None:
+        """``count`` extents from ``allowed`` PVs (not in ``avoid``), in order; None when they do not fit."""
+        areas: list[_Area] = []
+        for pv in allowed:
+            if pv in avoid or not self._pvs[pv].allocatable or count == 0:
+                continue
+            free = self._pvs[pv].pe_count - self._used(vg, pv) - sum(a.count for a in pending + areas if a.pv == pv)
+            take = min(free, count)
+            if take > 0:
+                areas += self._take(vg, pv, take, pending + areas)
+                count -= take
+        return areas if count == 0 else None
+
+    def _cmd_lvextend(self, options, positional):
+        vg, lv, target = self._target(positional)
+        if vg is None or lv is None:
+            return "", f'  Failed to find logical volume "{target}"', ECMD_FAILED
+        extents = options.get("-l", [""])[-1]
+        if not extents.isdigit():
+            return "", "  Please specify an absolute number of extents with -l", EINVALID_CMD_LINE
+        new = int(extents)
+        if new <= lv.extents:
+            return "", f"  New size given ({new} extents) not larger than existing size ({lv.extents} extents)", EINVALID_CMD_LINE
+        allowed = [pv for pv in (positional[1:] or vg.pvs)]
+        delta = new - lv.extents
+        short = (f"  Insufficient suitable allocatable extents for logical volume {lv.name}: "
+                 f"{delta} more required")
+        if lv.segtype == "linear":
+            areas = self._grow_on(vg, delta, allowed, set(), [])
+            if areas is None:
+                return "", short, ECMD_FAILED
+            lv.areas += areas
+        elif lv.segtype in ("raid0", "raid1"):
+            per = delta // len(lv.images) if lv.segtype == "raid0" else delta
+            if lv.segtype == "raid0" and delta % len(lv.images):
+                return "", "  Size must be a multiple of the stripe count", EINVALID_CMD_LINE
+            pending: list[_Area] = []
+            grown = []
+            for image in lv.images:
+                own = {a.pv for a in image.areas}
+                others = {a.pv for sub in lv.images + lv.metas if sub is not image for a in sub.areas} - own
+                areas = self._grow_on(vg, per, [pv for pv in allowed if pv in own] + [pv for pv in allowed if pv not in own], others, pending)
+                if areas is None:
+                    return "", short, ECMD_FAILED
+                pending += areas
+                grown.append(areas)
+            for image, areas in zip(lv.images, grown):
+                image.areas += areas
+        else:
+            return "", f"  FakeLvm cannot extend {lv.segtype} LVs", ECMD_FAILED
+        lv.extents = new
+        vg.seqno += 1
+        return f"  Logical volume {target} successfully resized.\n", "", 0
+
+    def _cmd_lvconvert(self, options, positional):
+        vg, lv, target = self._target(positional)
+        if vg is None or lv is None:
+            return "", f'  Failed to find logical volume "{target}"', ECMD_FAILED
+        mirrors = int(options.get("-m", ["0"])[-1])
+        allowed = positional[1:] or vg.pvs
+        legs = len(lv.images) if lv.segtype == "raid1" else 1
+        if lv.segtype not in ("linear", "raid1"):
+            return "", f"  FakeLvm cannot convert {lv.segtype} LVs", ECMD_FAILED
+        if mirrors + 1 == legs:
+            return "", f"  Logical volume {target} already has {legs} images.", ECMD_FAILED
+        if mirrors + 1 < legs:
+            del lv.images[mirrors + 1:]
+            del lv.metas[mirrors + 1:]
+            if mirrors == 0:
+                lv.areas, lv.images, lv.metas = lv.images[0].areas, [], []
+                lv.segtype, lv.stripes, lv.region_size = "linear", 1, 0
+            else:
+                lv.stripes = mirrors + 1
+        else:
+            meta = raid_rmeta_extents(lv.extents, vg.extent_size, lv.region_size or 2 * MiB)
+            pending: list[_Area] = []
+            metas, images = [], []
+            if lv.segtype == "linear":
+                own = [a.pv for a in lv.areas]
+                m_areas = self._grow_on(vg, meta, [pv for pv in allowed if pv in own], set(), [])
+                if m_areas is None:
+                    return "", "  Insufficient free space for the raid metadata", ECMD_FAILED
+                pending += m_areas
+                metas.append(_SubLv(f"{lv.name}_rmeta_0", _uuid(self._rng), "metadata", m_areas))
+                images.append(_SubLv(f"{lv.name}_rimage_0", _uuid(self._rng), "image", lv.areas))
+            else:
+                metas, images = list(lv.metas), list(lv.images)
+            used = {a.pv for sub in images + metas for a in sub.areas}
+            for i in range(len(images), mirrors + 1):
+                pv = next((p for p in allowed if p not in used and self._pvs[p].allocatable and
+                           self._pvs[p].pe_count - self._used(vg, p) - sum(a.count for a in pending if a.pv == p)
+                           >= lv.extents + meta), None)
+                if pv is None:
+                    return "", f"  Insufficient suitable allocatable extents for logical volume {lv.name}", ECMD_FAILED
+                m_areas = self._take(vg, pv, meta, pending)
+                pending += m_areas
+                i_areas = self._take(vg, pv, lv.extents, pending)
+                pending += i_areas
+                used.add(pv)
+                metas.append(_SubLv(f"{lv.name}_rmeta_{i}", _uuid(self._rng), "metadata", m_areas))
+                images.append(_SubLv(f"{lv.name}_rimage_{i}", _uuid(self._rng), "image", i_areas))
+            lv.areas, lv.images, lv.metas = [], images, metas
+            lv.segtype, lv.stripes, lv.region_size = "raid1", mirrors + 1, lv.region_size or 2 * MiB
+        vg.seqno += 1
+        return f"  Logical volume {target} successfully converted.\n", "", 0
+
+    def _cmd_lvchange(self, options, positional):
+        vg, lv, target = self._target(positional)
+        if vg is None or lv is None:
+            return "", f'  Failed to find logical volume "{target}"', ECMD_FAILED
+        lv.tags -= set(options.get("--deltag", []))
+        lv.tags |= set(options.get("--addtag", []))
+        vg.seqno += 1
+        return f"  Logical volume {target} changed.\n", "", 0
+
     def _cmd_pvs(self, options, positional):
         fields = ",".join(options.get("-o", [])) or "pv_name,vg_name,pv_fmt,pv_attr,pv_size,pv_free"
         records = []
@@ -517,6 +665,8 @@ class FakeLvm:
             "pv_allocatable": "allocatable" if pv.allocatable else "",
             "pv_pe_count": str(pv.pe_count), "pv_pe_alloc_count": str(used),
         })
+        if pv.missing:
+            record.update({"pv_name": "[unknown]", "pv_missing": "missing", "pv_attr": "a-m", "dev_size": "0"})
         return record
 
     def _report_entry(self, vg: _Vg, *, include_hidden: bool) -> dict[str, list[dict[str, str]]]:
@@ -562,7 +712,7 @@ class FakeLvm:
         opened = "o" if lv.open else "-"
         target = "r" if lv.segtype.startswith("raid") else "-"
         kind = "r" if lv.segtype.startswith("raid") else kind
-        return f"{kind}wi-{state}{opened}{target}---"
+        return f"{kind}wi-{state}{opened}{target}-{lv.health}-"
 
     def _lv_record(self, vg: _Vg, lv: _Lv) -> dict[str, str]:
         record = dict(_LV_DEFAULTS)
@@ -578,8 +728,8 @@ class FakeLvm:
         if lv.segtype.startswith("raid"):
             record.update({"lv_initial_image_sync": "initial image sync", "lv_modules": "raid"})
         if lv.segtype == "raid1":
-            record.update({"raid_mismatch_count": "0", "raid_sync_action": "idle",
-                           "copy_percent": "100.00", "sync_percent": "100.00"})
+            record.update({"raid_mismatch_count": "0", "raid_sync_action": "idle" if lv.sync_percent == "100.00" else "recover",
+                           "copy_percent": lv.sync_percent, "sync_percent": lv.sync_percent})
         if not lv.active:
             record.update({"lv_active": "", "lv_active_locally": "", "lv_active_exclusively": "",
                            "lv_kernel_major": "-1", "lv_kernel_minor": "-1", "lv_kernel_read_ahead": "-1",

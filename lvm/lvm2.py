@@ -1,9 +1,15 @@
 """The one place that runs lvm2: argv building, timeouts, and stderr classification.
 
 Every call is ``lvm <subcommand> [--config ...] ...`` through a Runner
-(lvm/command.py), so tests substitute :class:`lvm.fake.FakeLvm`.  Reports run
-with ``--readonly``: lvm2 then reads metadata without taking the VG lock, so a
-read RPC never waits behind a long lvcreate.
+(lvm/command.py), so tests substitute :class:`lvm.fake.FakeLvm`.
+
+Reports run with ``--nolocking``: lvm2 reads the metadata without taking the
+VG lock, so a read RPC never waits behind a long lvcreate, and (unlike
+``--readonly``, which never asks device-mapper) it asks the kernel, so a
+report shows whether each LV is active and open and how healthy its raid
+legs are.  Without the lock a report sees the metadata as last committed
+(lvm2 commits with one header write and checksums the text).  Reports
+include the hidden sub-LVs (``-a``) so that each raid image's PVs are known.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ REPORT_TIMEOUT = 30.0
 MUTATION_TIMEOUT = 120.0
 # Keeps lvm2 from complaining about descriptors inherited from the plugin (gRPC sockets).
 LVM_ENV = {"LC_ALL": "C", "LVM_SUPPRESS_FD_WARNINGS": "1"}
-REPORT_OPTIONS = ("--readonly", "--reportformat", "json", "--units", "b", "--nosuffix")
+REPORT_OPTIONS = ("--nolocking", "--reportformat", "json", "--units", "b", "--nosuffix")
 # For guests without udev: ``activation{udev_sync=0 udev_rules=0}``.
 NO_UDEV_CONFIG = "activation{udev_sync=0 udev_rules=0}"
 
@@ -43,11 +49,16 @@ class VolumeGroupNotFound(BackendUnavailable):
     """The configured volume group does not exist (yet)."""
 
 
+class VolumeGroupDegraded(StorageError):
+    """A PV of the volume group is missing: lvm2 refuses to change the VG until it is whole."""
+
+
 # Order matters: the first matching rule wins.  Device-mapper trouble comes
 # before "busy" because its messages contain "open failed".
 _RULES: tuple[tuple[re.Pattern[str], type[StorageError]], ...] = tuple(
     (re.compile(pattern, re.IGNORECASE), error)
     for pattern, error in (
+        (r"while PVs are missing|cannot change VG .* missing|missing physical volume", VolumeGroupDegraded),
         (r"insufficient (free space|suitable allocatable extents|allocatable extents)|"
          r"not enough free (space|extents)|extents needed, but only", OutOfRange),
         (r"already exists", VolumeExists),
@@ -119,7 +130,7 @@ class Lvm2:
 
     def report(self, vg_name: str) -> Report:
         """One ``lvm fullreport`` of ``vg_name``: VG, PVs, visible LVs and segments."""
-        result = self.run("fullreport", [*REPORT_OPTIONS, "--", vg_name], timeout=self.report_timeout)
+        result = self.run("fullreport", [*REPORT_OPTIONS, "-a", "--", vg_name], timeout=self.report_timeout)
         try:
             return parse_fullreport(result.stdout, vg_name)
         except BackendUnavailable as exc:
@@ -170,3 +181,27 @@ class Lvm2:
 
     def lvremove(self, vg_name: str, lv_name: str) -> None:
         self.run("lvremove", ["--yes", "--", f"{vg_name}/{lv_name}"], timeout=self.mutation_timeout)
+
+    def lvextend(self, vg_name: str, lv_name: str, extents: int, *, pvs: Sequence[str] = ()) -> None:
+        """Grow ``vg/lv`` to ``extents`` logical extents, allocating only on ``pvs`` (when given)."""
+        self.run(
+            "lvextend", ["--yes", "-l", str(extents), "--", f"{vg_name}/{lv_name}", *pvs], timeout=self.mutation_timeout
+        )
+
+    def lvconvert_mirrors(self, vg_name: str, lv_name: str, mirrors: int, *, pvs: Sequence[str] = ()) -> None:
+        """Set the number of raid1 mirrors of ``vg/lv`` (0: back to linear); new legs only on ``pvs``."""
+        layout = ["--type", "raid1"] if mirrors else []
+        self.run(
+            "lvconvert",
+            ["--yes", *layout, "-m", str(mirrors), "--", f"{vg_name}/{lv_name}", *pvs],
+            timeout=self.mutation_timeout,
+        )
+
+    def lvchange_tags(self, vg_name: str, lv_name: str, *, add: Sequence[str] = (), delete: Sequence[str] = ()) -> None:
+        args: list[str] = []
+        for tag in delete:
+            args += ["--deltag", tag]
+        for tag in add:
+            args += ["--addtag", tag]
+        if args:
+            self.run("lvchange", [*args, "--", f"{vg_name}/{lv_name}"], timeout=self.mutation_timeout)

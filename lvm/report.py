@@ -69,6 +69,17 @@ class LogicalVolumeInfo:
     region_size: int  # bytes, 0 when not raid/mirror
     tags: tuple[str, ...]
     attr: LvAttr
+    # The PVs of each leg: a raid image with its metadata, a stripe, or (linear) the whole LV.
+    legs: tuple[tuple[str, ...], ...] = ()
+    sync_percent: float | None = None  # raid/mirror: how much of the copies is in sync (None: n/a)
+    sync_action: str = ""  # raid: idle, resync, recover, check, repair, frozen, reshape
+    mismatches: int = 0  # raid: mismatches found by the last check
+    images_out_of_sync: tuple[str, ...] = ()  # raid images lvm2 marks out of sync ("I")
+
+    @property
+    def pvs(self) -> tuple[str, ...]:
+        """Every PV holding a part of this LV, in order of first appearance."""
+        return tuple(dict.fromkeys(pv for leg in self.legs for pv in leg))
 
     @property
     def path(self) -> str:
@@ -160,17 +171,78 @@ def _parse_entry(entry: Mapping[str, Any], vg_name: str) -> Report:
     segments_by_lv: dict[str, list[Mapping[str, Any]]] = {}
     for seg in entry.get("seg") or []:
         segments_by_lv.setdefault(seg["lv_uuid"], []).append(seg)
+    records = entry.get("lv") or []
+    segments_by_name = {
+        record["lv_name"].strip("[]"): sorted(segments_by_lv.get(record["lv_uuid"], []), key=lambda s: _int(s, "seg_start"))
+        for record in records
+    }
+    attr_by_name = {record["lv_name"].strip("[]"): record.get("lv_attr", "") for record in records}
     lvs = [
-        _parse_lv(vg_name, record, sorted(segments_by_lv.get(record["lv_uuid"], []), key=lambda s: _int(s, "seg_start")))
-        for record in entry.get("lv") or []
+        _parse_lv(vg_name, record, segments_by_name, attr_by_name)
+        for record in records
         if not is_hidden_lv_name(record["lv_name"]) and "private" not in record.get("lv_role", "").split(",")
     ]
     return Report(vg=vg, pvs=pvs, lvs=tuple(sorted(lvs, key=lambda lv: lv.name)))
 
 
-def _parse_lv(vg_name: str, record: Mapping[str, Any], segments: Iterable[Mapping[str, Any]]) -> LogicalVolumeInfo:
-    segments = list(segments)
+def _devices(text: str) -> list[str]:
+    """``/dev/loop0(11),r1_rimage_0(0)`` -> ``["/dev/loop0", "r1_rimage_0"]``."""
+    return [item.rsplit("(", 1)[0] for item in text.split(",") if item]
+
+
+def _pvs_under(name: str, segments_by_name: Mapping[str, list[Mapping[str, Any]]], depth: int = 0) -> list[str]:
+    """The PVs holding LV (or sub-LV) ``name``, following sub-LVs down."""
+    found: list[str] = []
+    for seg in segments_by_name.get(name, []):
+        for device in _devices(seg.get("devices", "")) + _devices(seg.get("metadata_devices", "")):
+            if device in segments_by_name and depth < 8:
+                found += _pvs_under(device, segments_by_name, depth + 1)
+            else:
+                found.append(device)
+    return list(dict.fromkeys(found))
+
+
+def _legs(name: str, segments: list[Mapping[str, Any]], segments_by_name: Mapping[str, list[Mapping[str, Any]]]) -> tuple[tuple[str, ...], ...]:
+    """The PVs of each leg: per raid image (with its rmeta), per stripe, or one leg for the rest."""
+    if not segments:
+        return ()
+    first = segments[0]
+    images = _devices(first.get("devices", ""))
+    if images and all(image in segments_by_name for image in images):  # raid: sub-LVs
+        metas = _devices(first.get("metadata_devices", ""))
+        legs = []
+        for i, image in enumerate(images):
+            pvs = _pvs_under(image, segments_by_name)
+            if i < len(metas):
+                pvs += _pvs_under(metas[i], segments_by_name)
+            legs.append(tuple(dict.fromkeys(pvs)))
+        return tuple(legs)
+    if first.get("segtype") == "striped" and _int(first, "stripes", 1) > 1:
+        stripes: dict[int, list[str]] = {}
+        for seg in segments:
+            for i, device in enumerate(_devices(seg.get("devices", ""))):
+                stripes.setdefault(i, []).append(device)
+        return tuple(tuple(dict.fromkeys(stripes[i])) for i in sorted(stripes))
+    return (tuple(_pvs_under(name, segments_by_name)),)
+
+
+def _percent(text: str | None) -> float | None:
+    try:
+        return float(text) if text not in ("", None) else None
+    except ValueError:
+        return None
+
+
+def _parse_lv(
+    vg_name: str,
+    record: Mapping[str, Any],
+    segments_by_name: Mapping[str, list[Mapping[str, Any]]],
+    attr_by_name: Mapping[str, str],
+) -> LogicalVolumeInfo:
+    name = record["lv_name"]
+    segments = segments_by_name.get(name, [])
     first: Mapping[str, Any] = segments[0] if segments else {}
+    images = _devices(first.get("devices", ""))
     return LogicalVolumeInfo(
         vg_name=vg_name,
         name=record["lv_name"],
@@ -184,4 +256,9 @@ def _parse_lv(vg_name: str, record: Mapping[str, Any], segments: Iterable[Mappin
         region_size=_int(first, "region_size"),
         tags=_tags(record.get("lv_tags", "")),
         attr=parse_lv_attr(record["lv_attr"]),
+        legs=_legs(name, segments, segments_by_name),
+        sync_percent=_percent(record.get("sync_percent")),
+        sync_action=record.get("raid_sync_action", "") or "",
+        mismatches=_int(record, "raid_mismatch_count"),
+        images_out_of_sync=tuple(i for i in images if attr_by_name.get(i, "")[:1] == "I"),
     )

@@ -15,14 +15,24 @@ import os
 import platform
 import re
 import threading
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 from lvm import capacity as capacity_model
 from lvm import names
-from lvm.backend import Capacity, SizeRange, Volume, choose_size
-from lvm.errors import BackendUnavailable, CommandFailed, OutOfRange, StorageError, VolumeBusy, VolumeExists, VolumeNotFound
-from lvm.lvm2 import Lvm2, VolumeGroupNotFound
-from lvm.profiles import Layout, Profile
+from lvm.attr import Health, State
+from lvm.backend import Capacity, Condition, SizeRange, Volume, choose_size, expansion_target
+from lvm.errors import (
+    BackendUnavailable,
+    CommandFailed,
+    InvalidParameters,
+    OutOfRange,
+    StorageError,
+    VolumeBusy,
+    VolumeExists,
+    VolumeNotFound,
+)
+from lvm.lvm2 import Lvm2, VolumeGroupDegraded, VolumeGroupNotFound
+from lvm.profiles import Layout, Profile, parse_profile
 from lvm.report import LogicalVolumeInfo, Report
 from lvm.single_flight import SingleFlight
 from lvm.units import GiB, MiB, format_size
@@ -138,7 +148,66 @@ def derived_profile(lv: LogicalVolumeInfo) -> Profile | None:
 
 
 def profile_of(lv: LogicalVolumeInfo) -> Profile | None:
-    return profile_from_tags(lv.tags) or derived_profile(lv)
+    """The profile recorded in the tags while the LV's layout agrees with it, else the layout's own.
+
+    (A layout change is the lvconvert first, then the tags: a kill between the
+    two leaves tags that the layout contradicts, and the layout wins.)
+    """
+    derived = derived_profile(lv)
+    tagged = profile_from_tags(lv.tags)
+    if tagged is not None and (derived is None or tagged.layout is derived.layout) and (
+        tagged.layout is not Layout.RAID1 or derived is None or tagged.mirrors == derived.mirrors
+    ):
+        return tagged
+    return derived
+
+
+def missing_pvs_message(vg_name: str, report: Report) -> str | None:
+    """What an operator must know and do when PVs of the VG are missing; None when it is whole."""
+    missing = [pv for pv in report.pvs if pv.missing]
+    if not missing:
+        return None
+    which = ", ".join(f"{pv.name if pv.name != '[unknown]' else 'a device'} (PV UUID {pv.uuid})" for pv in missing)
+    return (
+        f'volume group "{vg_name}" is missing physical volume {which}; lvm2 changes nothing in it until it is whole. '
+        f"Bring the device back (its volumes return by themselves), or drop it with "
+        f"`vgreduce --removemissing {vg_name}` — which refuses while volumes still use it; "
+        f"repair raid1 volumes onto another PV first (`lvconvert --repair {vg_name}/<volume>`), and know that "
+        f"`--force` deletes every volume with data on the missing PV"
+    )
+
+
+def lv_condition(vg_name: str, lv: LogicalVolumeInfo, report: Report) -> Condition:
+    """The health of ``lv`` from what lvm2 and the kernel report, with what to do about it."""
+    full = f"{vg_name}/{lv.name}"
+    health = lv.attr.health
+    if health is Health.PARTIAL:
+        missing = missing_pvs_message(vg_name, report) or "a physical volume under it is missing"
+        return Condition.problem(f"logical volume {full} is partial: {missing}")
+    if health is Health.REFRESH_NEEDED:
+        return Condition.problem(
+            f"a device under logical volume {full} failed: once it works again run `lvchange --refresh {full}`, "
+            f"or replace the failed leg with `lvconvert --repair {full}`"
+        )
+    if health is Health.MISMATCHES or lv.mismatches:
+        return Condition.problem(
+            f"raid logical volume {full} has {lv.mismatches or 'some'} mismatched region(s) between its copies: "
+            f"run `lvchange --syncaction repair {full}`"
+        )
+    if health in (Health.ERROR, Health.FAILED, Health.OUT_OF_DATA_SPACE, Health.METADATA_READ_ONLY):
+        return Condition.problem(f"logical volume {full} reports health {health.name.lower().replace('_', ' ')}")
+    if lv.images_out_of_sync or (lv.sync_percent is not None and lv.sync_percent < 100):
+        done = f"{lv.sync_percent:.2f}%" if lv.sync_percent is not None else "partly"
+        action = f" ({lv.sync_action})" if lv.sync_action and lv.sync_action != "idle" else ""
+        return Condition.problem(
+            f"raid logical volume {full} is {done} in sync{action}: its copies are not all complete yet, "
+            f"so a device failure now could lose data; it needs no action unless it stays below 100%"
+        )
+    if lv.attr.state is not State.ACTIVE:
+        return Condition.problem(
+            f"logical volume {full} is not active (state {lv.attr.state.name.lower()}): run `lvchange -ay {full}`"
+        )
+    return Condition()
 
 
 class LvmBackend:
@@ -260,6 +329,8 @@ class LvmBackend:
 
     def capacity(self, profile: Profile) -> Capacity:
         report = self.lvm2.report(self.vg_name)
+        if missing_pvs_message(self.vg_name, report):
+            return Capacity.none()  # lvm2 refuses every create until the VG is whole
         if profile.layout is not Layout.LINEAR and not self.raid_supported():
             return Capacity.none()
         return capacity_model.capacity(report.free_extents_by_pv(), report.vg.extent_size, profile, self.region_size)
@@ -273,6 +344,7 @@ class LvmBackend:
             existing = report.lv(lv_name)
             if existing is not None:
                 return self._existing(existing, name, size, profile)
+            self._refuse_degraded(report)
             if profile.layout is not Layout.LINEAR and not self.raid_supported():
                 raise OutOfRange(
                     f"type={profile.layout.value} needs the kernel's dm-raid target, which this node lacks: "
@@ -345,9 +417,11 @@ class LvmBackend:
         if not is_lv_id(volume_id):
             return  # cannot name an LV, so there is nothing to delete
         with self._mutation_lock:
-            lv = self.lvm2.report(self.vg_name).lv(volume_id)
+            report = self.lvm2.report(self.vg_name)
+            lv = report.lv(volume_id)
             if lv is None:
                 return
+            self._refuse_degraded(report)
             if lv.attr.device_open:
                 raise VolumeBusy(
                     f'logical volume "{self.vg_name}/{volume_id}" is open (mounted or in use); unpublish it first'
@@ -363,3 +437,92 @@ class LvmBackend:
                 self.lvm2.lvremove(self.vg_name, volume_id)
             except VolumeNotFound:
                 pass  # removed by someone else since the report: the outcome asked for
+
+    def _refuse_degraded(self, report: Report) -> None:
+        message = missing_pvs_message(self.vg_name, report)
+        if message:
+            raise VolumeGroupDegraded(message)
+
+    def _lv_or_not_found(self, report: Report, volume_id: str) -> LogicalVolumeInfo:
+        lv = report.lv(volume_id) if is_lv_id(volume_id) else None
+        if lv is None:
+            raise VolumeNotFound(f'no logical volume "{volume_id}" in volume group "{self.vg_name}"')
+        return lv
+
+    def volume_condition(self, volume_id: str) -> Condition:
+        report = self.lvm2.report(self.vg_name)
+        return lv_condition(self.vg_name, self._lv_or_not_found(report, volume_id), report)
+
+    def expand_volume(self, volume_id: str, size: SizeRange) -> int:
+        with self._mutation_lock:
+            report = self.lvm2.report(self.vg_name)
+            lv = self._lv_or_not_found(report, volume_id)
+            profile = derived_profile(lv)
+            if profile is None:
+                raise InvalidParameters(
+                    f'logical volume "{self.vg_name}/{volume_id}" mixes segment types ({", ".join(lv.segtypes)}): '
+                    f"csilvm grows only linear, striped, raid0 and raid1 volumes; grow it with lvextend by hand"
+                )
+            extent_size = report.vg.extent_size
+            granularity = len(lv.legs) if profile.layout is Layout.RAID0 else 1
+            target = expansion_target(lv.size, size, granularity * extent_size)
+            if target == lv.size:
+                return lv.size
+            self._refuse_degraded(report)
+            current, wanted = lv.size // extent_size, target // extent_size
+            pvs = capacity_model.extension_pvs(
+                profile, lv.legs, report.free_extents_by_pv(), current, wanted, extent_size,
+                lv.region_size or self.region_size,
+            )
+            self.lvm2.lvextend(self.vg_name, volume_id, wanted, pvs=pvs)
+            log.info("grew logical volume %s/%s from %d to %d bytes", self.vg_name, volume_id, lv.size, target)
+            return target
+
+    def modify_volume(self, volume_id: str, parameters: Mapping[str, str]) -> Volume:
+        with self._mutation_lock:
+            report = self.lvm2.report(self.vg_name)
+            lv = self._lv_or_not_found(report, volume_id)
+            have = profile_of(lv)
+            if have is None:
+                raise InvalidParameters(
+                    f'logical volume "{self.vg_name}/{volume_id}" has a layout csilvm does not manage '
+                    f"({', '.join(lv.segtypes)}): change it with lvconvert by hand"
+                )
+            merged = {**have.as_parameters(), **parameters}
+            if "type" in parameters and parameters["type"] != have.layout.value:
+                merged = dict(parameters)  # a new type starts from that type's defaults
+            want = parse_profile(merged)
+            self._check_changeable(volume_id, have, want)
+            if want != have:
+                self._refuse_degraded(report)
+                if want.mirrors != have.mirrors or want.layout is not have.layout:
+                    pvs = capacity_model.mirror_change_pvs(
+                        lv.legs, report.free_extents_by_pv(), lv.size // report.vg.extent_size, want.mirrors,
+                        report.vg.extent_size, lv.region_size or self.region_size,
+                        has_metadata=have.layout is Layout.RAID1,
+                    )
+                    self.lvm2.lvconvert_mirrors(self.vg_name, volume_id, want.mirrors, pvs=pvs)
+                    log.info(
+                        "changed logical volume %s/%s from %s to %s", self.vg_name, volume_id,
+                        capacity_model.describe(have), capacity_model.describe(want),
+                    )
+            old_tags = {t for t in lv.tags if t.startswith(PROFILE_TAG_PREFIX)}
+            new_tags = set(profile_tags(want))
+            self.lvm2.lvchange_tags(
+                self.vg_name, volume_id, add=sorted(new_tags - old_tags), delete=sorted(old_tags - new_tags)
+            )
+            return self._volume(self._lv_or_not_found(self.lvm2.report(self.vg_name), volume_id))
+
+    def _check_changeable(self, volume_id: str, have: Profile, want: Profile) -> None:
+        """InvalidParameters with the reason when ``have`` cannot become ``want`` in place."""
+        if want == have:
+            return
+        mirrored = (Layout.LINEAR, Layout.RAID1)
+        if have.layout in mirrored and want.layout in mirrored:
+            return
+        raise InvalidParameters(
+            f"volume {volume_id} cannot change from {capacity_model.describe(have)} to "
+            f"{capacity_model.describe(want)} in place: only the number of raid1 mirrors changes online "
+            f"(type=linear <-> type=raid1 with mirrors=N); raid0 stripes are fixed at creation — "
+            f"create a new volume with the layout you want and copy the data"
+        )

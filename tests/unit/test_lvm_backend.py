@@ -149,8 +149,8 @@ def test_lvcreate_argv(fake):
     assert timeout == 120.0
     assert env["LVM_SUPPRESS_FD_WARNINGS"] == "1" and env["LC_ALL"] == "C"
     report_argv, report_timeout, _ = [c for c in fake.calls if c[0][1] == "fullreport"][0]
-    assert report_argv == ("lvm", "fullreport", "--config", NO_UDEV_CONFIG, "--readonly", "--reportformat", "json",
-                           "--units", "b", "--nosuffix", "--", VG)
+    assert report_argv == ("lvm", "fullreport", "--config", NO_UDEV_CONFIG, "--nolocking", "--reportformat", "json",
+                           "--units", "b", "--nosuffix", "-a", "--", VG)
     assert report_timeout == 30.0
 
 
