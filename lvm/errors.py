@@ -33,6 +33,10 @@ class BackendUnavailable(StorageError):
     """The backend cannot serve requests now (VG missing, tools absent, loop devices broken)."""
 
 
+class VolumeGroupDegraded(StorageError):
+    """A PV of the volume group is missing: lvm2 refuses to change the VG until it is whole."""
+
+
 class CommandFailed(StorageError):
     """An external command (lvm2, losetup, ...) failed in a way not classified otherwise."""
 

@@ -30,6 +30,7 @@ from lvm.errors import (
     StorageError,
     VolumeBusy,
     VolumeExists,
+    VolumeGroupDegraded,
     VolumeNotFound,
 )
 from lvm.report import Report, parse_fullreport
@@ -47,10 +48,6 @@ NO_UDEV_CONFIG = "activation{udev_sync=0 udev_rules=0}"
 
 class VolumeGroupNotFound(BackendUnavailable):
     """The configured volume group does not exist (yet)."""
-
-
-class VolumeGroupDegraded(StorageError):
-    """A PV of the volume group is missing: lvm2 refuses to change the VG until it is whole."""
 
 
 # Order matters: the first matching rule wins.  Device-mapper trouble comes

@@ -29,9 +29,10 @@ from lvm.errors import (
     StorageError,
     VolumeBusy,
     VolumeExists,
+    VolumeGroupDegraded,
     VolumeNotFound,
 )
-from lvm.lvm2 import Lvm2, VolumeGroupDegraded, VolumeGroupNotFound
+from lvm.lvm2 import Lvm2, VolumeGroupNotFound
 from lvm.profiles import Layout, Profile, parse_profile
 from lvm.report import LogicalVolumeInfo, Report
 from lvm.single_flight import SingleFlight

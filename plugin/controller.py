@@ -5,7 +5,7 @@ from __future__ import annotations
 from google.protobuf.wrappers_pb2 import Int64Value
 
 from plugin.core import Core
-from plugin.translate import capabilities_from, size_range_from, volume_to
+from plugin.translate import capabilities_from, capability_from, condition_to, size_range_from, volume_to
 from protos.v1 import csi_pb2 as csi
 from protos.v1 import csi_pb2_grpc
 
@@ -15,6 +15,10 @@ CAPABILITIES = (
     _RPC.LIST_VOLUMES,
     _RPC.GET_CAPACITY,
     _RPC.SINGLE_NODE_MULTI_WRITER,
+    _RPC.EXPAND_VOLUME,
+    _RPC.GET_VOLUME,
+    _RPC.VOLUME_CONDITION,
+    _RPC.MODIFY_VOLUME,
 )
 
 
@@ -30,6 +34,7 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
             capabilities_from(request.volume_capabilities),
             dict(request.parameters),
             requisite,
+            dict(request.mutable_parameters),
         )
         return csi.CreateVolumeResponse(volume=volume_to(volume, self.core))
 
@@ -65,6 +70,26 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
             maximum_volume_size=Int64Value(value=capacity.maximum_volume_size),
             minimum_volume_size=Int64Value(value=capacity.minimum_volume_size),
         )
+
+    def ControllerExpandVolume(self, request, context):
+        capability = capability_from(request.volume_capability) if request.HasField("volume_capability") else None
+        size, node_expansion_required = self.core.expand_volume(
+            request.volume_id, size_range_from(request), capability
+        )
+        return csi.ControllerExpandVolumeResponse(
+            capacity_bytes=size, node_expansion_required=node_expansion_required
+        )
+
+    def ControllerGetVolume(self, request, context):
+        volume, condition = self.core.volume_status(request.volume_id)
+        return csi.ControllerGetVolumeResponse(
+            volume=volume_to(volume, self.core),
+            status=csi.ControllerGetVolumeResponse.VolumeStatus(volume_condition=condition_to(condition)),
+        )
+
+    def ControllerModifyVolume(self, request, context):
+        self.core.modify_volume(request.volume_id, dict(request.mutable_parameters))
+        return csi.ControllerModifyVolumeResponse()
 
     def ControllerGetCapabilities(self, request, context):
         return csi.ControllerGetCapabilitiesResponse(

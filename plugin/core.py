@@ -14,7 +14,7 @@ import threading
 from dataclasses import dataclass
 from typing import Iterator, Mapping, Sequence
 
-from lvm.backend import Backend, Capacity, SizeRange, Volume
+from lvm.backend import Backend, Capacity, Condition, SizeRange, Volume
 from lvm.command import Runner
 from lvm.errors import InvalidParameters, VolumeBusy, VolumeNotFound
 from lvm.profiles import parse_profile
@@ -85,6 +85,7 @@ class VolumeStats:
     inodes_total: int | None = None
     inodes_used: int | None = None
     inodes_available: int | None = None
+    condition: Condition = Condition()
 
 
 class KeyedLocks:
@@ -152,7 +153,11 @@ class Core:
         capabilities: Sequence[Capability],
         parameters: Mapping[str, str],
         requisite_topology: Sequence[Mapping[str, str]] = (),
+        mutable_parameters: Mapping[str, str] | None = None,
     ) -> Volume:
+        """``mutable_parameters`` (CSI 1.11+) take precedence over ``parameters``, as the spec says."""
+        if mutable_parameters:
+            parameters = {**parameters, **mutable_parameters}
         for cap in capabilities:
             problem = cap.problem()
             if problem:
@@ -164,6 +169,26 @@ class Core:
                 f"(topology {self.topology}); none of the requisite segments match"
             )
         return self._writer.run(self.backend.create_volume, name, size, profile)
+
+    def expand_volume(self, volume_id: str, size: SizeRange, capability: Capability | None) -> tuple[int, bool]:
+        """Grow the volume; returns (its size, whether NodeExpandVolume must grow a file system on it)."""
+        if capability is not None:
+            problem = capability.problem()
+            if problem:
+                raise InvalidParameters(problem)
+        with self._volume_locks(volume_id):
+            new_size = self._writer.run(self.backend.expand_volume, volume_id, size)
+        return new_size, not (capability is not None and capability.block)
+
+    def modify_volume(self, volume_id: str, mutable_parameters: Mapping[str, str]) -> Volume:
+        """Change the volume's layout in place (ControllerModifyVolume)."""
+        with self._volume_locks(volume_id):
+            return self._writer.run(self.backend.modify_volume, volume_id, dict(mutable_parameters))
+
+    def volume_status(self, volume_id: str) -> tuple[Volume, Condition]:
+        """The volume and its health (ControllerGetVolume); the health is looked at first, repairing nothing."""
+        condition = self.backend.volume_condition(volume_id)
+        return self.backend.get_volume(volume_id), condition
 
     def delete_volume(self, volume_id: str) -> None:
         """Delete, unless the volume is still staged or published somewhere on this node."""
@@ -287,15 +312,41 @@ class Core:
         device = self._device(volume_id)
         if not os.path.exists(volume_path):
             raise VolumeNotFound(f"volume path {volume_path} does not exist")
+        condition = self.backend.volume_condition(volume_id)
         if os.path.isdir(volume_path) and _is_mount_of(volume_path, device):
             usage = mount_stats.filesystem_usage(volume_path)
             return VolumeStats(
                 usage.bytes_total, usage.bytes_used, usage.bytes_available,
-                usage.inodes_total, usage.inodes_used, usage.inodes_available,
+                usage.inodes_total, usage.inodes_used, usage.inodes_available, condition,
             )
         if not os.path.isdir(volume_path) and os.stat(volume_path).st_rdev == os.stat(device).st_rdev:
-            return VolumeStats(mount_stats.block_device_size(volume_path))
+            return VolumeStats(mount_stats.block_device_size(volume_path), condition=condition)
         raise VolumeNotFound(f"volume {volume_id} is not published at {volume_path}")
+
+    def node_expand(self, volume_id: str, volume_path: str, staging_path: str = "") -> int:
+        """Grow the file system of a published (or staged) volume to its device; returns the device's size.
+
+        A block volume has nothing to grow: its size is the device's, read afresh.
+        """
+        with self._volume_locks(volume_id):
+            device = self._device(volume_id)
+            if not os.path.exists(volume_path):
+                raise VolumeNotFound(f"volume path {volume_path} does not exist")
+            size = mount_stats.block_device_size(device)
+            if not os.path.isdir(volume_path):
+                if os.stat(volume_path).st_rdev != os.stat(device).st_rdev:
+                    raise VolumeNotFound(f"volume {volume_id} is not published at {volume_path}")
+                return size
+            from mount import resize as mount_resize  # only nodes that expand need it
+
+            rdev = os.stat(device).st_rdev
+            table = read_mount_table()
+            for path in (staging_path, volume_path):
+                entry = table.at(os.path.realpath(path)) if path else None
+                if entry is not None and shows_device(entry, rdev):
+                    mount_resize.grow_filesystem(device, entry.fs_type, self.runner, mount_point=entry.mount_point)
+                    return size
+            raise VolumeNotFound(f"volume {volume_id} is not published at {volume_path}")
 
 
 def _is_mount_of(path: str, device: str) -> bool:

@@ -35,6 +35,7 @@ _CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (mounting.FilesystemMismatch, grpc.StatusCode.FAILED_PRECONDITION),
     (mounting.TargetBusy, grpc.StatusCode.FAILED_PRECONDITION),
     (storage.VolumeBusy, grpc.StatusCode.FAILED_PRECONDITION),
+    (storage.VolumeGroupDegraded, grpc.StatusCode.FAILED_PRECONDITION),
     (storage.BackendUnavailable, grpc.StatusCode.FAILED_PRECONDITION),
     (storage.CommandTimeout, grpc.StatusCode.DEADLINE_EXCEEDED),
     (mounting.UnmountBusy, grpc.StatusCode.FAILED_PRECONDITION),

@@ -9,6 +9,7 @@ from protos.v1 import csi_pb2 as csi
 from protos.v1 import csi_pb2_grpc
 
 _SERVICE = csi.PluginCapability.Service
+_EXPANSION = csi.PluginCapability.VolumeExpansion
 
 
 class IdentityServicer(csi_pb2_grpc.IdentityServicer):
@@ -27,6 +28,8 @@ class IdentityServicer(csi_pb2_grpc.IdentityServicer):
             capabilities=[
                 csi.PluginCapability(service=_SERVICE(type=_SERVICE.CONTROLLER_SERVICE)),
                 csi.PluginCapability(service=_SERVICE(type=_SERVICE.VOLUME_ACCESSIBILITY_CONSTRAINTS)),
+                # Volumes grow while published: LVs and loop devices grow under a mounted file system.
+                csi.PluginCapability(volume_expansion=_EXPANSION(type=_EXPANSION.ONLINE)),
             ]
         )
 

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 from plugin.core import Core
-from plugin.translate import capability_from
+from plugin.translate import capability_from, condition_to
 from protos.v1 import csi_pb2 as csi
 from protos.v1 import csi_pb2_grpc
 
 _RPC = csi.NodeServiceCapability.RPC
-CAPABILITIES = (_RPC.STAGE_UNSTAGE_VOLUME, _RPC.GET_VOLUME_STATS, _RPC.SINGLE_NODE_MULTI_WRITER)
+CAPABILITIES = (
+    _RPC.STAGE_UNSTAGE_VOLUME,
+    _RPC.GET_VOLUME_STATS,
+    _RPC.SINGLE_NODE_MULTI_WRITER,
+    _RPC.EXPAND_VOLUME,
+    _RPC.VOLUME_CONDITION,
+)
 _UNIT = csi.VolumeUsage.Unit
 
 
@@ -52,7 +58,11 @@ class NodeServicer(csi_pb2_grpc.NodeServicer):
                     available=stats.inodes_available,
                 )
             )
-        return csi.NodeGetVolumeStatsResponse(usage=usage)
+        return csi.NodeGetVolumeStatsResponse(usage=usage, volume_condition=condition_to(stats.condition))
+
+    def NodeExpandVolume(self, request, context):
+        size = self.core.node_expand(request.volume_id, request.volume_path, request.staging_target_path)
+        return csi.NodeExpandVolumeResponse(capacity_bytes=size)
 
     def NodeGetCapabilities(self, request, context):
         return csi.NodeGetCapabilitiesResponse(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from lvm.backend import SizeRange, Volume
+from lvm.backend import Condition, SizeRange, Volume
 from plugin.core import AccessMode, Capability, Core
 from protos.v1 import csi_pb2 as csi
 
@@ -41,3 +41,7 @@ def volume_to(volume: Volume, core: Core) -> csi.Volume:
         volume_context=core.volume_context(volume),
         accessible_topology=[csi.Topology(segments=core.topology)],
     )
+
+
+def condition_to(condition: Condition) -> csi.VolumeCondition:
+    return csi.VolumeCondition(abnormal=condition.abnormal, message=condition.message)
