@@ -142,3 +142,35 @@ class CsiClient:
         return self.node.NodeGetVolumeStats(
             csi.NodeGetVolumeStatsRequest(volume_id=volume_id, volume_path=volume_path), timeout=self.timeout
         )
+
+    def expand(self, volume_id: str, required: int, limit: int = 0, block: bool = False):
+        return self.controller.ControllerExpandVolume(
+            csi.ControllerExpandVolumeRequest(
+                volume_id=volume_id,
+                capacity_range=csi.CapacityRange(required_bytes=required, limit_bytes=limit),
+                volume_capability=volume_capability(block=block),
+            ),
+            timeout=self.timeout,
+        )
+
+    def node_expand(self, volume_id: str, volume_path: str, staging_path: str = "", required: int = 0):
+        return self.node.NodeExpandVolume(
+            csi.NodeExpandVolumeRequest(
+                volume_id=volume_id,
+                volume_path=volume_path,
+                staging_target_path=staging_path,
+                capacity_range=csi.CapacityRange(required_bytes=required),
+            ),
+            timeout=self.timeout,
+        )
+
+    def get_volume(self, volume_id: str):
+        return self.controller.ControllerGetVolume(
+            csi.ControllerGetVolumeRequest(volume_id=volume_id), timeout=self.timeout
+        )
+
+    def modify(self, volume_id: str, mutable_parameters: Mapping[str, str]):
+        return self.controller.ControllerModifyVolume(
+            csi.ControllerModifyVolumeRequest(volume_id=volume_id, mutable_parameters=dict(mutable_parameters)),
+            timeout=self.timeout,
+        )
