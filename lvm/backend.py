@@ -21,6 +21,18 @@ class SizeRange:
 
 
 @dataclass(frozen=True)
+class Condition:
+    """A volume's health, as CSI's VolumeCondition: ``abnormal`` with a message a person can act on."""
+
+    abnormal: bool = False
+    message: str = "healthy"
+
+    @classmethod
+    def problem(cls, message: str) -> Condition:
+        return cls(True, message)
+
+
+@dataclass(frozen=True)
 class Volume:
     """A volume as the CO sees it.  ``id`` is the LV name (or sandbox volume name)."""
 
@@ -31,18 +43,8 @@ class Volume:
     profile: Profile | None = None  # None when the layout is not one of ours
     tags: tuple[str, ...] = ()
     attributes: Mapping[str, str] = field(default_factory=dict)  # backend facts for volume_context
-
-
-@dataclass(frozen=True)
-class Condition:
-    """A volume's health, as CSI's VolumeCondition: ``abnormal`` with a message a person can act on."""
-
-    abnormal: bool = False
-    message: str = "healthy"
-
-    @classmethod
-    def problem(cls, message: str) -> Condition:
-        return cls(True, message)
+    # Its health when the backend learnt it while reading the volume: an observation, not part of its identity.
+    condition: Condition | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

@@ -297,7 +297,7 @@ class LvmBackend:
 
     # -- reads ------------------------------------------------------------------
 
-    def _volume(self, lv: LogicalVolumeInfo) -> Volume:
+    def _volume(self, lv: LogicalVolumeInfo, report: Report) -> Volume:
         return Volume(
             id=lv.name,
             size=lv.size,
@@ -312,17 +312,16 @@ class LvmBackend:
                 "lv_attr": lv.attr.raw,
                 "tags": ",".join(lv.tags),
             },
+            condition=lv_condition(self.vg_name, lv, report),
         )
 
     def list_volumes(self) -> list[Volume]:
         report = self.lvm2.report(self.vg_name)
-        return sorted((self._volume(lv) for lv in report.lvs), key=lambda v: v.id)
+        return sorted((self._volume(lv, report) for lv in report.lvs), key=lambda v: v.id)
 
     def get_volume(self, volume_id: str) -> Volume:
-        lv = self.lvm2.report(self.vg_name).lv(volume_id) if is_lv_id(volume_id) else None
-        if lv is None:
-            raise VolumeNotFound(f'no logical volume "{volume_id}" in volume group "{self.vg_name}"')
-        return self._volume(lv)
+        report = self.lvm2.report(self.vg_name)
+        return self._volume(self._lv_or_not_found(report, volume_id), report)
 
     def device_of(self, volume_id: str) -> str | None:
         path = f"/dev/{self.vg_name}/{volume_id}"
@@ -344,7 +343,7 @@ class LvmBackend:
             report = self.lvm2.report(self.vg_name)
             existing = report.lv(lv_name)
             if existing is not None:
-                return self._existing(existing, name, size, profile)
+                return self._existing(existing, report, name, size, profile)
             self._refuse_degraded(report)
             if profile.layout is not Layout.LINEAR and not self.raid_supported():
                 raise OutOfRange(
@@ -395,7 +394,7 @@ class LvmBackend:
             return ["--type", "raid1", "-m", str(profile.mirrors)]
         return ["--type", "linear"]
 
-    def _existing(self, lv: LogicalVolumeInfo, name: str, size: SizeRange, profile: Profile) -> Volume:
+    def _existing(self, lv: LogicalVolumeInfo, report: Report, name: str, size: SizeRange, profile: Profile) -> Volume:
         """The existing LV when it is what was asked for (a retried CreateVolume); VolumeExists otherwise."""
         owner = names.name_from_tags(lv.tags)
         if owner != name:
@@ -412,7 +411,7 @@ class LvmBackend:
             raise VolumeExists(
                 f'volume "{name}" exists as {described}, not {capacity_model.describe(profile)}'
             )
-        return self._volume(lv)
+        return self._volume(lv, report)
 
     def delete_volume(self, volume_id: str) -> None:
         if not is_lv_id(volume_id):
@@ -451,8 +450,7 @@ class LvmBackend:
         return lv
 
     def volume_condition(self, volume_id: str) -> Condition:
-        report = self.lvm2.report(self.vg_name)
-        return lv_condition(self.vg_name, self._lv_or_not_found(report, volume_id), report)
+        return self.get_volume(volume_id).condition
 
     def expand_volume(self, volume_id: str, size: SizeRange) -> int:
         with self._mutation_lock:
@@ -512,7 +510,8 @@ class LvmBackend:
             self.lvm2.lvchange_tags(
                 self.vg_name, volume_id, add=sorted(new_tags - old_tags), delete=sorted(old_tags - new_tags)
             )
-            return self._volume(self._lv_or_not_found(self.lvm2.report(self.vg_name), volume_id))
+            report = self.lvm2.report(self.vg_name)
+            return self._volume(self._lv_or_not_found(report, volume_id), report)
 
     def _check_changeable(self, volume_id: str, have: Profile, want: Profile) -> None:
         """InvalidParameters with the reason when ``have`` cannot become ``want`` in place."""

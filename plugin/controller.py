@@ -57,7 +57,14 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
     def ListVolumes(self, request, context):
         volumes, next_token = self.core.list_volumes(request.max_entries, request.starting_token)
         return csi.ListVolumesResponse(
-            entries=[csi.ListVolumesResponse.Entry(volume=volume_to(v, self.core)) for v in volumes],
+            entries=[
+                csi.ListVolumesResponse.Entry(
+                    volume=volume_to(v, self.core),
+                    # The spec wants each volume's condition from a plugin with VOLUME_CONDITION.
+                    status=csi.ListVolumesResponse.VolumeStatus(volume_condition=condition_to(self.core.condition_of(v))),
+                )
+                for v in volumes
+            ],
             next_token=next_token,
         )
 

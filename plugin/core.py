@@ -186,9 +186,9 @@ class Core:
             return self._writer.run(self.backend.modify_volume, volume_id, dict(mutable_parameters))
 
     def volume_status(self, volume_id: str) -> tuple[Volume, Condition]:
-        """The volume and its health (ControllerGetVolume); the health is looked at first, repairing nothing."""
-        condition = self.backend.volume_condition(volume_id)
-        return self.backend.get_volume(volume_id), condition
+        """The volume and its health (ControllerGetVolume)."""
+        volume = self.backend.get_volume(volume_id)
+        return volume, self.condition_of(volume)
 
     def delete_volume(self, volume_id: str) -> None:
         """Delete, unless the volume is still staged or published somewhere on this node."""
@@ -232,6 +232,15 @@ class Core:
 
     def list_volumes(self, max_entries: int, starting_token: str) -> tuple[list[Volume], str]:
         return page(self.backend.list_volumes(), max_entries, starting_token, key=lambda v: v.id)
+
+    def condition_of(self, volume: Volume) -> Condition:
+        """The volume's health: what the backend learnt while reading it, else a look of its own."""
+        if volume.condition is not None:
+            return volume.condition
+        try:
+            return self.backend.volume_condition(volume.id)
+        except VolumeNotFound:
+            return Condition.problem(f"volume {volume.id} disappeared while it was being listed")
 
     def get_volume(self, volume_id: str) -> Volume:
         return self.backend.get_volume(volume_id)
@@ -312,7 +321,7 @@ class Core:
         device = self._device(volume_id)
         if not os.path.exists(volume_path):
             raise VolumeNotFound(f"volume path {volume_path} does not exist")
-        condition = self.backend.volume_condition(volume_id)
+        condition = self.condition_of(self.backend.get_volume(volume_id))
         if os.path.isdir(volume_path) and _is_mount_of(volume_path, device):
             usage = mount_stats.filesystem_usage(volume_path)
             return VolumeStats(
