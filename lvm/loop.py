@@ -39,6 +39,7 @@ DELETED_SUFFIX = " (deleted)"
 LOOP_SET_FD = 0x4C00
 LOOP_CLR_FD = 0x4C01
 LOOP_SET_STATUS64 = 0x4C04
+LOOP_SET_CAPACITY = 0x4C07
 LOOP_CONFIGURE = 0x4C0A  # Linux 5.8+
 LOOP_CTL_GET_FREE = 0x4C82
 LO_NAME_SIZE = 64
@@ -221,6 +222,29 @@ def detach(device: str, sys_block: Path = SYS_BLOCK) -> None:
         os.close(fd)
 
 
+def set_capacity(device: str) -> None:
+    """Tell ``device`` that its backing file changed size (what ``losetup --set-capacity`` does)."""
+    try:
+        fd = os.open(device, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise LoopDeviceFailed(f"cannot open {device} to resize it: {exc.strerror}") from None
+    try:
+        fcntl.ioctl(fd, LOOP_SET_CAPACITY, 0)
+    except OSError as exc:
+        raise LoopDeviceFailed(f"cannot resize {device}: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+
+
+def device_size(device: str, sys_block: Path = SYS_BLOCK) -> int | None:
+    """The size in bytes the kernel gives ``device`` (one sysfs read); None when unknown."""
+    try:
+        with open(f"{os.fspath(sys_block)}/{os.path.basename(device)}/size", encoding="ascii") as f:
+            return int(f.read()) * 512
+    except (OSError, ValueError):
+        return None
+
+
 def is_attached(device: str, sys_block: Path = SYS_BLOCK) -> bool:
     return (sys_block / os.path.basename(device) / "loop" / "backing_file").exists()
 
@@ -331,6 +355,14 @@ class LoopDevices(Protocol):
 
     def detach(self, device: str) -> None: ...
 
+    def set_capacity(self, device: str) -> None:
+        """Make ``device`` take the new size of its backing file."""
+        ...
+
+    def size(self, device: str) -> int | None:
+        """The device's size in bytes as the kernel has it; None when unknown."""
+        ...
+
     def busy_reason(self, device: str) -> str | None: ...
 
     def unavailable_reason(self) -> str | None: ...
@@ -355,6 +387,12 @@ class SystemLoopDevices:
 
     def detach(self, device: str) -> None:
         detach(device, self.sys_block)
+
+    def set_capacity(self, device: str) -> None:
+        set_capacity(device)
+
+    def size(self, device: str) -> int | None:
+        return device_size(device, self.sys_block)
 
     def busy_reason(self, device: str) -> str | None:
         return busy_reason(device, self.sys_block)

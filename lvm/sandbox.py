@@ -24,6 +24,7 @@ Mutations are serialized by a thread lock and an ``flock`` on
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import fcntl
 import functools
@@ -36,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping
 
-from lvm.backend import Capacity, SizeRange, Volume, choose_size
+from lvm.backend import Capacity, Condition, SizeRange, Volume, choose_size, expansion_target
 from lvm.errors import BackendUnavailable, InvalidParameters, OutOfRange, VolumeBusy, VolumeExists, VolumeNotFound
 from lvm.loop import LoopDevice, LoopDevices, SystemLoopDevices, devices_backed_by
 from lvm.names import is_valid_lv_name, lv_name_for
@@ -249,6 +250,17 @@ def create_sparse_file(path: Path, size: int) -> None:
         os.close(fd)
 
 
+def _grow_file(path: Path, size: int) -> None:
+    """Extend ``path`` to ``size`` bytes (sparse) and sync it; a file already that big is left alone."""
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    try:
+        if os.fstat(fd).st_size < size:
+            os.ftruncate(fd, size)
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _remove(path: Path) -> None:
     with contextlib.suppress(FileNotFoundError):
         path.unlink()
@@ -442,7 +454,7 @@ class LoopBackend:
             self._devices.pop(volume_id, None)
         return devices
 
-    def _volume(self, record: VolumeRecord, device: str) -> Volume:
+    def _volume(self, record: VolumeRecord, device: str, condition: Condition | None = None) -> Volume:
         return Volume(
             id=record.id,
             size=record.size,
@@ -450,14 +462,36 @@ class LoopBackend:
             name=record.name,
             profile=record.profile,
             attributes={"backend": self.kind, "image": str(self.image_path(record.id))},
+            condition=condition,
         )
 
     def _attached_volume(self, record: VolumeRecord) -> Volume:
-        """The volume, its image attached to a loop device (attaching it if needed)."""
+        """The volume, its image attached to a loop device (attaching it if needed).
+
+        Its condition says what was found before any repair: a volume whose
+        loop device was gone is reported once, as re-attached.
+        """
         devices = self._devices_of(record.id)
-        device = devices[0] if devices else self.loops.attach(str(self.image_path(record.id)))
+        if devices:
+            device, condition = devices[0], self._device_condition(record, devices[0])
+        else:
+            device = self.loops.attach(str(self.image_path(record.id)))
+            condition = Condition.problem(
+                f"volume {record.id} had no loop device (detached by hand, or the node rebooted): "
+                f"re-attached its image to {device}"
+            )
         self._devices[record.id] = device
-        return self._volume(record, device)
+        return self._volume(record, device, condition)
+
+    def _device_condition(self, record: VolumeRecord, device: str) -> Condition:
+        """Whether the kernel's view of an attached volume matches the record (one sysfs read)."""
+        size = self.loops.size(device)
+        if size is not None and size < record.size:
+            return Condition.problem(
+                f"loop device {device} of volume {record.id} is {size} bytes, less than the volume's {record.size}: "
+                f"an expansion was interrupted; expand the volume again to finish it"
+            )
+        return Condition()
 
     # -- the Backend protocol
 
@@ -584,6 +618,79 @@ class LoopBackend:
         with self._mutating():
             self._devices = self._devices_from(self.loops.attached())
             return [self._volume(self._records[i], self._devices.get(i, "")) for i in sorted(self._records)]
+
+    def volume_condition(self, volume_id: str) -> Condition:
+        """Looks at the image and its loop device without repairing anything."""
+        if not is_valid_lv_name(volume_id):
+            raise VolumeNotFound(f"no volume {volume_id!r}: not a valid volume id")
+        metadata, image = self.metadata_path(volume_id), self.image_path(volume_id)
+        try:  # the file, not the cache: a volume whose image was removed is no longer cached
+            record = parse_metadata(volume_id, metadata.read_text())
+        except FileNotFoundError:
+            raise VolumeNotFound(f"no volume {volume_id!r} in the loop sandbox") from None
+        except (OSError, ValueError, InvalidParameters) as exc:
+            return Condition.problem(f"the metadata {metadata} of volume {volume_id} is unreadable: {exc}")
+        if not image.exists():
+            return Condition.problem(
+                f"the image {image} of volume {volume_id} is gone (removed outside csilvm): its data is lost "
+                f"unless the file is restored; delete the volume"
+            )
+        devices = self._devices_of(volume_id)
+        if not devices:
+            return Condition.problem(
+                f"the image of volume {volume_id} is not attached to any loop device (detached by hand, or the "
+                f"node rebooted): the next stage or publish re-attaches it"
+            )
+        return self._device_condition(record, devices[0])
+
+    def expand_volume(self, volume_id: str, size: SizeRange) -> int:
+        """Grow the image, then the metadata, then the loop device.
+
+        The metadata's size is the truth: a kill after the image grew leaves a
+        larger sparse file (harmless) under a volume of the old size, and a kill
+        before the loop device was told leaves a smaller device; a retried
+        expansion finishes both, and so does re-attaching after a restart.
+        """
+        if not is_valid_lv_name(volume_id):
+            raise VolumeNotFound(f"no volume {volume_id!r}: not a valid volume id")
+        with self._mutating():
+            record = self._records.get(volume_id)
+            if record is None:
+                raise VolumeNotFound(f"no volume {volume_id!r} in the loop sandbox")
+            target = expansion_target(record.size, size, self.granularity)
+            if target > record.size:
+                free = max(0, self.capacity_bytes - self._used_bytes)
+                if target - record.size > free:
+                    raise OutOfRange(
+                        f"volume {volume_id} cannot grow from {format_size(record.size)} to {format_size(target)}: "
+                        f"the loop sandbox has {format_size(free)} ({free} bytes) free of "
+                        f"{format_size(self.capacity_bytes)}; it can grow to {record.size + free} bytes"
+                    )
+                grown = dataclasses.replace(record, size=target)
+                self._bump_generation()
+                try:
+                    _grow_file(self.image_path(volume_id), target)
+                    write_atomically(self.metadata_path(volume_id), grown.to_json())
+                    self._records[volume_id] = grown
+                    self._used_bytes += target - record.size
+                finally:
+                    self._changed()
+                log.info("loop sandbox: grew volume %s from %d to %d bytes", volume_id, record.size, target)
+            for device in self._devices_of(volume_id):
+                size_now = self.loops.size(device)
+                if size_now is None or size_now < target:
+                    self.loops.set_capacity(device)
+            return target
+
+    def modify_volume(self, volume_id: str, parameters: Mapping[str, str]) -> Volume:
+        """The sandbox has one layout: a change to ``type=linear`` is no change, any other is refused."""
+        profile = parse_profile(parameters)
+        if profile.layout is not Layout.LINEAR:
+            raise InvalidParameters(
+                f"the loop sandbox serves only type=linear; it cannot change volume {volume_id} to "
+                f"type={profile.layout.value}"
+            )
+        return self.get_volume(volume_id)
 
     def capacity(self, profile: Profile) -> Capacity:
         if profile.layout is not Layout.LINEAR:

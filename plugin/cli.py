@@ -295,5 +295,46 @@ def stats(ctx, volume_id, path):
     _emit(ctx, response, "\n".join(lines))
 
 
+@client.command()
+@click.argument("volume_id")
+@click.argument("size", type=SIZE)
+@click.option("--target", type=click.Path(), help="where it is published: grow its file system there too")
+@click.option("--staging", type=click.Path(), help="staging directory (default: TARGET.staging)")
+@click.pass_context
+def expand(ctx, volume_id, size, target, staging):
+    """Grow a volume to SIZE (never shrinks); with --target, grow its published file system as well."""
+    import os
+
+    c = ctx.obj["client"]
+    response = _call(c.expand, volume_id, size)
+    text = f"{volume_id}\t{format_size(response.capacity_bytes)}"
+    if target:
+        target = os.path.abspath(target)
+        staging = os.path.abspath(staging or _staging_for(target))
+        _call(c.node_expand, volume_id, target, staging if os.path.isdir(target) else "")
+        text += f" (grown at {target})"
+    _emit(ctx, response, text)
+
+
+@client.command()
+@click.argument("volume_id")
+@click.pass_context
+def get(ctx, volume_id):
+    """A volume and its health."""
+    response = _call(ctx.obj["client"].get_volume, volume_id)
+    condition = response.status.volume_condition
+    health = f"abnormal: {condition.message}" if condition.abnormal else "healthy"
+    _emit(ctx, response, f"{response.volume.volume_id}\t{format_size(response.volume.capacity_bytes)}\t{health}")
+
+
+@client.command()
+@click.argument("volume_id")
+@click.option("--param", "-p", multiple=True, required=True, help="mutable parameter key=value (type=raid1, mirrors=2, ...)")
+@click.pass_context
+def modify(ctx, volume_id, param):
+    """Change a volume's layout in place (raid1 mirrors, or back to linear)."""
+    _emit(ctx, _call(ctx.obj["client"].modify, volume_id, _key_values(param)), f"modified {volume_id}")
+
+
 if __name__ == "__main__":
     main()

@@ -27,11 +27,14 @@ def test_plugin_info_and_capabilities(csi):
     assert info.name == "lvm.csi.csilvm.io"
     assert info.vendor_version
     assert info.manifest["backend"] == "loop"
-    services = {c.service.type for c in csi.plugin_capabilities().capabilities}
+    capabilities = csi.plugin_capabilities().capabilities
+    services = {c.service.type for c in capabilities if c.HasField("service")}
     assert services == {
         pb.PluginCapability.Service.CONTROLLER_SERVICE,
         pb.PluginCapability.Service.VOLUME_ACCESSIBILITY_CONSTRAINTS,
     }
+    expansion = [c.volume_expansion.type for c in capabilities if c.HasField("volume_expansion")]
+    assert expansion == [pb.PluginCapability.VolumeExpansion.ONLINE]
     assert csi.probe().ready.value is True
 
 
@@ -39,6 +42,7 @@ def test_controller_capabilities_never_empty(csi):
     rpc = pb.ControllerServiceCapability.RPC
     kinds = {c.rpc.type for c in csi.controller_capabilities().capabilities}
     assert {rpc.CREATE_DELETE_VOLUME, rpc.LIST_VOLUMES, rpc.GET_CAPACITY} <= kinds
+    assert {rpc.EXPAND_VOLUME, rpc.GET_VOLUME, rpc.VOLUME_CONDITION, rpc.MODIFY_VOLUME} <= kinds
 
 
 # -------------------------------------------------------------- create/delete

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from lvm.backend import Capacity, SizeRange
-from lvm.errors import BackendUnavailable, CommandFailed, OutOfRange, VolumeBusy, VolumeExists, VolumeNotFound
+from lvm.backend import Capacity, Condition, SizeRange
+from lvm.errors import BackendUnavailable, CommandFailed, InvalidParameters, OutOfRange, VolumeBusy, VolumeExists, VolumeNotFound
 from lvm.loop import LoopDevice, list_attached, mount_points_of, parse_backing_file, wipe_ends
 from lvm.names import lv_name_for
 from lvm.profiles import LINEAR, Layout, Profile
@@ -39,6 +39,7 @@ class FakeLoops:
         self.calls: list[tuple[str, str]] = []
         self.busy: dict[str, str] = {}
         self.fail_attach = False
+        self.sizes: dict[str, int] = {}  # what size() answers, per device (None when absent)
         self.reason: str | None = None
         self._next = 100
         self._lock = threading.Lock()
@@ -66,6 +67,16 @@ class FakeLoops:
         with self._lock:
             self.calls.append(("detach", device))
             self.devices.pop(device, None)
+
+    def set_capacity(self, device: str) -> None:
+        """Like the kernel: the device takes its backing file's size."""
+        with self._lock:
+            self.calls.append(("set_capacity", device))
+            self.sizes[device] = os.path.getsize(self.devices[device].backing_file)
+
+    def size(self, device: str) -> int | None:
+        with self._lock:
+            return self.sizes.get(device)
 
     def busy_reason(self, device: str) -> str | None:
         return self.busy.get(device)
@@ -544,3 +555,82 @@ def test_a_known_device_is_confirmed_by_the_kernel_before_use(tmp_path):
     assert backend.device_of("v") is None
     again = backend.get_volume("v")  # re-attached, not the stale device
     assert again.device != vol.device and backend.device_of("v") == again.device
+
+
+# -- day two: expansion, condition, modify ------------------------------------------------------
+
+
+def test_expansion_takes_exactly_the_free_capacity_and_changes_nothing_when_refused(tmp_path):
+    loops = FakeLoops()
+    backend = make_backend(tmp_path, loops, capacity=64 * MiB)
+    volume = backend.create_volume("grow", SizeRange(16 * MiB), Profile())
+    free = backend.capacity(Profile()).available
+    with pytest.raises(OutOfRange):
+        backend.expand_volume(volume.id, SizeRange(volume.size + free + MiB))
+    assert os.path.getsize(backend.image_path(volume.id)) == 16 * MiB
+    assert backend.get_volume(volume.id).size == 16 * MiB
+    assert backend.expand_volume(volume.id, SizeRange(volume.size + free)) == 64 * MiB
+    assert os.path.getsize(backend.image_path(volume.id)) == 64 * MiB
+    assert ("set_capacity", volume.device) in loops.calls
+    assert backend.capacity(Profile()).available == 0
+    again = make_backend(tmp_path, FakeLoops())  # another process reads the metadata
+    assert again.get_volume(volume.id).size == 64 * MiB
+
+
+def test_expansion_never_shrinks_and_is_idempotent(tmp_path):
+    loops = FakeLoops()
+    backend = make_backend(tmp_path, loops)
+    volume = backend.create_volume("grow", SizeRange(8 * MiB), Profile())
+    assert backend.expand_volume(volume.id, SizeRange(10 * MiB + 1)) == 11 * MiB
+    calls = len(loops.calls)
+    assert backend.expand_volume(volume.id, SizeRange(11 * MiB)) == 11 * MiB
+    assert backend.expand_volume(volume.id, SizeRange(MiB)) == 11 * MiB
+    assert len(loops.calls) == calls
+    with pytest.raises(VolumeNotFound):
+        backend.expand_volume("nope", SizeRange(MiB))
+
+
+def test_an_expansion_killed_before_the_loop_device_was_told_is_finished_by_the_retry(tmp_path):
+    loops = FakeLoops()
+    backend = make_backend(tmp_path, loops)
+    volume = backend.create_volume("grow", SizeRange(8 * MiB), Profile())
+    loops.sizes[volume.device] = 8 * MiB
+    loops.set_capacity = lambda device: (_ for _ in ()).throw(KeyboardInterrupt())  # the kill
+    with pytest.raises(KeyboardInterrupt):
+        backend.expand_volume(volume.id, SizeRange(12 * MiB))
+    del loops.set_capacity
+    condition = backend.volume_condition(volume.id)
+    assert condition.abnormal and "expand the volume again" in condition.message
+    assert backend.expand_volume(volume.id, SizeRange(12 * MiB)) == 12 * MiB
+    assert loops.sizes[volume.device] == 12 * MiB
+    assert not backend.volume_condition(volume.id).abnormal
+
+
+def test_condition_sees_a_lost_loop_device_and_a_lost_image_without_repairing(tmp_path):
+    loops = FakeLoops()
+    backend = make_backend(tmp_path, loops)
+    volume = backend.create_volume("v", SizeRange(8 * MiB), Profile())
+    assert backend.volume_condition(volume.id) == Condition()
+    loops.detach(volume.device)
+    condition = backend.volume_condition(volume.id)
+    assert condition.abnormal and "not attached" in condition.message
+    assert loops.device_of(backend.image_path(volume.id)) is None, "looking repairs nothing"
+    repaired = backend.get_volume(volume.id)  # what a stage does: re-attach, and say so once
+    assert repaired.condition.abnormal and "re-attached" in repaired.condition.message
+    assert not backend.volume_condition(volume.id).abnormal
+    os.unlink(backend.image_path(volume.id))
+    condition = backend.volume_condition(volume.id)
+    assert condition.abnormal and "is gone" in condition.message
+    with pytest.raises(VolumeNotFound):
+        backend.volume_condition("never-made")
+
+
+def test_modify_is_a_no_op_to_linear_and_refused_otherwise(tmp_path):
+    backend = make_backend(tmp_path, FakeLoops())
+    volume = backend.create_volume("v", SizeRange(8 * MiB), Profile())
+    assert backend.modify_volume(volume.id, {"type": "linear"}) == volume
+    for params in ({"type": "raid1"}, {"mirrors": "1"}, {"XXX_FakeKey": "x"}):
+        with pytest.raises(InvalidParameters):
+            backend.modify_volume(volume.id, params)
+    with pytest.raises(VolumeNotFound):
+        backend.modify_volume("nope", {"type": "linear"})
