@@ -33,3 +33,7 @@ class UnmountBusy(MountFailed):
 
 class NotABlockDevice(StorageError):
     """A path that should be a block device (or a target file bound to one) is not."""
+
+
+class ResizeFailed(StorageError):
+    """resize2fs, xfs_growfs or btrfs could not grow a file system (the message carries the tool's words)."""

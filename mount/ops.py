@@ -20,11 +20,14 @@ from lvm.command import Runner
 from lvm.errors import CommandFailed
 from mount.errors import FilesystemMismatch, InvalidMountFlags, MountFailed, NotABlockDevice, TargetBusy, UnmountBusy
 from mount.fs import check_supported, ensure_fs
+from mount.resize import EXT_FAMILY, grow_filesystem, needs_growing
+from mount.stats import block_device_size
 from mount.table import MountEntry, MountTable, read_mount_table, shows_device
 
 TableReader = Callable[[], MountTable]
 
 MOUNT_TIMEOUT = 120.0
+GROW_THRESHOLD = 1 << 20  # a file system this much smaller than its device is grown at stage
 MAX_STACKED_MOUNTS = 32  # bound on "unmount until nothing is left", against a table that never empties
 
 _OPTION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.=:/+-]*$")
@@ -187,11 +190,20 @@ def stage_filesystem(
             raise FilesystemMismatch(f"{device} is already staged at {path} as {current.fs_type}, not {fs_type}")
         return False
     _prepare_directory(path)
-    ensure_fs(device, fs_type, runner)
+    # A file system that does not fill its device (the volume grew while unstaged) is grown:
+    # ext* before mounting (offline), xfs and btrfs once mounted (they grow only so).  The
+    # superblock tells, so a file system that fills its device costs no process.
+    grow = not ensure_fs(device, fs_type, runner) and "ro" not in options and needs_growing(
+        device, fs_type, block_device_size(device), GROW_THRESHOLD
+    )
+    if grow and fs_type in EXT_FAMILY:
+        grow_filesystem(device, fs_type, runner)
     argv = ["mount", "-t", fs_type]
     if options:
         argv += ["-o", ",".join(options)]
     _mount([*argv, device, path], runner)
+    if grow and fs_type not in EXT_FAMILY:
+        grow_filesystem(device, fs_type, runner, mount_point=path)
     return True
 
 
