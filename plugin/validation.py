@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from typing import Callable
 
+from lvm.errors import VolumeNotFound
 from protos.v1 import csi_pb2 as csi
 from plugin.errors import RequestInvalid
 
@@ -56,8 +57,7 @@ def _check_capabilities(caps, what: str = "volume_capabilities") -> None:
 def create_volume(req: csi.CreateVolumeRequest) -> None:
     require(req.name, "name")
     _check_capabilities(req.volume_capabilities)
-    if req.capacity_range.required_bytes < 0 or req.capacity_range.limit_bytes < 0:
-        raise RequestInvalid("capacity_range bytes must not be negative")
+    _check_capacity_range(req.capacity_range)
     if req.HasField("volume_content_source"):
         raise RequestInvalid("volume_content_source is not supported: csilvm creates empty volumes only")
 
@@ -115,7 +115,53 @@ def node_unpublish_volume(req: csi.NodeUnpublishVolumeRequest) -> None:
     require_path(req.target_path, "target_path")
 
 
+def require_existing_path(path: str, what: str) -> None:
+    """A path the CO says the volume is at: absent is INVALID_ARGUMENT, but a path that does not exist,
+    whatever its form (the conformance suite sends "some/path"), is NOT_FOUND."""
+    require(path, what)
+    if "\0" in path:
+        raise RequestInvalid(f"{what} must not contain NUL characters")
+    if not os.path.isabs(path):
+        raise VolumeNotFound(f"{what} {path!r} does not exist (a volume path is absolute)")
+
+
 @_rpc("Node", "NodeGetVolumeStats")
 def node_get_volume_stats(req: csi.NodeGetVolumeStatsRequest) -> None:
     require(req.volume_id, "volume_id")
-    require_path(req.volume_path, "volume_path")
+    require_existing_path(req.volume_path, "volume_path")
+
+
+@_rpc("Node", "NodeExpandVolume")
+def node_expand_volume(req: csi.NodeExpandVolumeRequest) -> None:
+    require(req.volume_id, "volume_id")
+    require_existing_path(req.volume_path, "volume_path")
+    if req.staging_target_path:
+        require_path(req.staging_target_path, "staging_target_path")
+    if req.HasField("volume_capability"):
+        check_capability(req.volume_capability)
+    _check_capacity_range(req.capacity_range)
+
+
+def _check_capacity_range(capacity_range: csi.CapacityRange) -> None:
+    if capacity_range.required_bytes < 0 or capacity_range.limit_bytes < 0:
+        raise RequestInvalid("capacity_range bytes must not be negative")
+
+
+@_rpc("Controller", "ControllerExpandVolume")
+def controller_expand_volume(req: csi.ControllerExpandVolumeRequest) -> None:
+    require(req.volume_id, "volume_id")
+    require(req.HasField("capacity_range"), "capacity_range")
+    _check_capacity_range(req.capacity_range)
+    if req.HasField("volume_capability"):
+        check_capability(req.volume_capability)
+
+
+@_rpc("Controller", "ControllerGetVolume")
+def controller_get_volume(req: csi.ControllerGetVolumeRequest) -> None:
+    require(req.volume_id, "volume_id")
+
+
+@_rpc("Controller", "ControllerModifyVolume")
+def controller_modify_volume(req: csi.ControllerModifyVolumeRequest) -> None:
+    require(req.volume_id, "volume_id")
+    require(req.mutable_parameters, "mutable_parameters")
