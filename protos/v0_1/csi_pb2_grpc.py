@@ -26,7 +26,9 @@ if _version_not_supported:
 
 
 class IdentityStub:
-    """Missing associated documentation comment in .proto file."""
+    """//////
+    //////
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -47,7 +49,9 @@ class IdentityStub:
 
 
 class IdentityServicer:
-    """Missing associated documentation comment in .proto file."""
+    """//////
+    //////
+    """
 
     def GetSupportedVersions(self, request, context):
         """Missing associated documentation comment in .proto file."""
@@ -83,7 +87,9 @@ def add_IdentityServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Identity:
-    """Missing associated documentation comment in .proto file."""
+    """//////
+    //////
+    """
 
     @staticmethod
     def GetSupportedVersions(request,

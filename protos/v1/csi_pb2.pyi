@@ -578,6 +578,7 @@ class ControllerServiceCapability(_message.Message):
             GET_VOLUME: _ClassVar[ControllerServiceCapability.RPC.Type]
             SINGLE_NODE_MULTI_WRITER: _ClassVar[ControllerServiceCapability.RPC.Type]
             MODIFY_VOLUME: _ClassVar[ControllerServiceCapability.RPC.Type]
+            GET_SNAPSHOT: _ClassVar[ControllerServiceCapability.RPC.Type]
         UNKNOWN: ControllerServiceCapability.RPC.Type
         CREATE_DELETE_VOLUME: ControllerServiceCapability.RPC.Type
         PUBLISH_UNPUBLISH_VOLUME: ControllerServiceCapability.RPC.Type
@@ -593,6 +594,7 @@ class ControllerServiceCapability(_message.Message):
         GET_VOLUME: ControllerServiceCapability.RPC.Type
         SINGLE_NODE_MULTI_WRITER: ControllerServiceCapability.RPC.Type
         MODIFY_VOLUME: ControllerServiceCapability.RPC.Type
+        GET_SNAPSHOT: ControllerServiceCapability.RPC.Type
         TYPE_FIELD_NUMBER: _ClassVar[int]
         type: ControllerServiceCapability.RPC.Type
         def __init__(self, type: _Optional[_Union[ControllerServiceCapability.RPC.Type, str]] = ...) -> None: ...
@@ -700,6 +702,27 @@ class ListSnapshotsResponse(_message.Message):
     entries: _containers.RepeatedCompositeFieldContainer[ListSnapshotsResponse.Entry]
     next_token: str
     def __init__(self, entries: _Optional[_Iterable[_Union[ListSnapshotsResponse.Entry, _Mapping]]] = ..., next_token: _Optional[str] = ...) -> None: ...
+
+class GetSnapshotRequest(_message.Message):
+    __slots__ = ("snapshot_id", "secrets")
+    class SecretsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
+    SECRETS_FIELD_NUMBER: _ClassVar[int]
+    snapshot_id: str
+    secrets: _containers.ScalarMap[str, str]
+    def __init__(self, snapshot_id: _Optional[str] = ..., secrets: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class GetSnapshotResponse(_message.Message):
+    __slots__ = ("snapshot",)
+    SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    snapshot: Snapshot
+    def __init__(self, snapshot: _Optional[_Union[Snapshot, _Mapping]] = ...) -> None: ...
 
 class ControllerExpandVolumeRequest(_message.Message):
     __slots__ = ("volume_id", "capacity_range", "secrets", "volume_capability")

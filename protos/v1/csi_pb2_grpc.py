@@ -247,6 +247,11 @@ class ControllerStub:
                 request_serializer=protos_dot_v1_dot_csi__pb2.ListSnapshotsRequest.SerializeToString,
                 response_deserializer=protos_dot_v1_dot_csi__pb2.ListSnapshotsResponse.FromString,
                 _registered_method=True)
+        self.GetSnapshot = channel.unary_unary(
+                '/csi.v1.Controller/GetSnapshot',
+                request_serializer=protos_dot_v1_dot_csi__pb2.GetSnapshotRequest.SerializeToString,
+                response_deserializer=protos_dot_v1_dot_csi__pb2.GetSnapshotResponse.FromString,
+                _registered_method=True)
         self.ControllerExpandVolume = channel.unary_unary(
                 '/csi.v1.Controller/ControllerExpandVolume',
                 request_serializer=protos_dot_v1_dot_csi__pb2.ControllerExpandVolumeRequest.SerializeToString,
@@ -333,6 +338,12 @@ class ControllerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetSnapshot(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ControllerExpandVolume(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -408,6 +419,11 @@ def add_ControllerServicer_to_server(servicer, server):
                     servicer.ListSnapshots,
                     request_deserializer=protos_dot_v1_dot_csi__pb2.ListSnapshotsRequest.FromString,
                     response_serializer=protos_dot_v1_dot_csi__pb2.ListSnapshotsResponse.SerializeToString,
+            ),
+            'GetSnapshot': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSnapshot,
+                    request_deserializer=protos_dot_v1_dot_csi__pb2.GetSnapshotRequest.FromString,
+                    response_serializer=protos_dot_v1_dot_csi__pb2.GetSnapshotResponse.SerializeToString,
             ),
             'ControllerExpandVolume': grpc.unary_unary_rpc_method_handler(
                     servicer.ControllerExpandVolume,
@@ -722,6 +738,33 @@ class Controller:
             '/csi.v1.Controller/ListSnapshots',
             protos_dot_v1_dot_csi__pb2.ListSnapshotsRequest.SerializeToString,
             protos_dot_v1_dot_csi__pb2.ListSnapshotsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSnapshot(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/csi.v1.Controller/GetSnapshot',
+            protos_dot_v1_dot_csi__pb2.GetSnapshotRequest.SerializeToString,
+            protos_dot_v1_dot_csi__pb2.GetSnapshotResponse.FromString,
             options,
             channel_credentials,
             insecure,
