@@ -17,6 +17,17 @@ counted and that :meth:`LoopBackend.open` removes (image without metadata,
 metadata without image, ``*.tmp``).  ``open`` also re-attaches every
 volume's image after a reboot.
 
+The size in the metadata is the volume's size, whatever the image's or the
+loop device's.  An expansion grows the image (ftruncate, fsync), renames the
+new metadata (its commit point), then tells the loop device
+(``LOOP_SET_CAPACITY``).  Killed before the rename, it leaves an image larger
+than its volume: harmless (sparse, not counted, and no device was told of
+it, so nothing lives there), and cut back to the metadata's size by a
+retried expansion, by ``open`` and before any re-attach, so a device csilvm
+attaches never shows more than the metadata records.  Killed after the
+rename, it leaves a device smaller than its volume: the volume's condition
+says so, and a retried expansion or ``open`` tells the device.
+
 Mutations are serialized by a thread lock and an ``flock`` on
 ``<work_dir>/.lock``, so two processes sharing a work dir do not race either.
 """
@@ -163,15 +174,17 @@ def scan(volumes_dir: Path) -> DirScan:
 
 @dataclass(frozen=True)
 class RepairPlan:
-    """What :meth:`LoopBackend.open` does, in this order: detach, remove, attach."""
+    """What :meth:`LoopBackend.open` does, in this order: detach, remove, resize, attach, refresh."""
 
     detach: tuple[str, ...]  # devices of leftover or deleted images
     remove: tuple[Path, ...]
     attach: tuple[Path, ...]  # images of whole volumes with no loop device
+    resize: tuple[tuple[Path, int], ...] = ()  # images not of their volume's size, and the size they get
+    refresh: tuple[str, ...] = ()  # loop devices smaller than their volume: LOOP_SET_CAPACITY
 
     @property
     def empty(self) -> bool:
-        return not (self.detach or self.remove or self.attach)
+        return not (self.detach or self.remove or self.attach or self.resize or self.refresh)
 
 
 def plan_repair(state: DirScan, attached: list[LoopDevice], volumes_dir: Path) -> RepairPlan:
@@ -193,6 +206,48 @@ def plan_repair(state: DirScan, attached: list[LoopDevice], volumes_dir: Path) -
     remove += [volumes_dir / name for name in state.tmp_files]
     attach = [image(r.id) for r in state.records if not devices_backed_by(image(r.id), attached)]
     return RepairPlan(tuple(sorted(set(detach))), tuple(remove), tuple(attach))
+
+
+def image_size_for(volume_size: int, image_size: int, device_sizes: Iterable[int | None]) -> int:
+    """The size a volume's image must have, given the sizes of the loop devices on it (None: unknown).
+
+    The volume's size, which its metadata records, is the truth.  A smaller
+    image is grown to it (sparse: it reads zeros).  A larger image is the
+    leftover of an expansion killed before its metadata was renamed: no loop
+    device was told of it, so nothing was written there, and it is cut back,
+    but never below what a device does show (a device attached by hand since
+    may hold data there), and not at all when a device's size is unknown.
+    """
+    if image_size <= volume_size:
+        return volume_size
+    sizes = list(device_sizes)
+    if any(size is None for size in sizes):
+        return image_size
+    return max(volume_size, min(image_size, max(sizes, default=0)))
+
+
+def plan_resize(
+    volumes_dir: Path,
+    records: Iterable[VolumeRecord],
+    image_sizes: Mapping[str, int],
+    device_sizes: Mapping[str, Mapping[str, int | None]],
+) -> tuple[tuple[tuple[Path, int], ...], tuple[str, ...]]:
+    """(images to resize and their size, devices to refresh) that bring volumes to their recorded size.
+
+    ``image_sizes`` maps a volume id to its image's size, ``device_sizes`` to the
+    loop devices on its image and their sizes.  A device smaller than its
+    volume is one whose expansion was killed before the device was told.
+    """
+    resize, refresh = [], []
+    for record in records:
+        if record.id not in image_sizes:
+            continue
+        devices = device_sizes.get(record.id, {})
+        size = image_size_for(record.size, image_sizes[record.id], devices.values())
+        if size != image_sizes[record.id]:
+            resize.append((volumes_dir / (record.id + IMAGE_SUFFIX), size))
+        refresh += [d for d, s in sorted(devices.items()) if s is not None and s < record.size]
+    return tuple(resize), tuple(refresh)
 
 
 def is_compatible(record: VolumeRecord, name: str, size: SizeRange, profile: Profile) -> str | None:
@@ -250,13 +305,15 @@ def create_sparse_file(path: Path, size: int) -> None:
         os.close(fd)
 
 
-def _grow_file(path: Path, size: int) -> None:
-    """Extend ``path`` to ``size`` bytes (sparse) and sync it; a file already that big is left alone."""
+def set_file_size(path: Path, size: int) -> int:
+    """Make ``path`` exactly ``size`` bytes (growing it sparse) and sync it; returns the size it had."""
     fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
     try:
-        if os.fstat(fd).st_size < size:
+        before = os.fstat(fd).st_size
+        if before != size:
             os.ftruncate(fd, size)
             os.fsync(fd)
+        return before
     finally:
         os.close(fd)
 
@@ -338,7 +395,11 @@ class LoopBackend:
                 except OSError as exc:
                     raise BackendUnavailable(f"cannot use work dir {self.work_dir}: {exc}") from None
         with self._mutating():
-            plan = plan_repair(scan(self.volumes_dir), self.loops.attached(), self.volumes_dir)
+            state, attached = scan(self.volumes_dir), self.loops.attached()
+            resize, refresh = self._plan_resize(state.records, attached)
+            plan = dataclasses.replace(
+                plan_repair(state, attached, self.volumes_dir), resize=resize, refresh=refresh
+            )
             if not plan.empty:
                 self._bump_generation()
             for device in plan.detach:
@@ -349,14 +410,41 @@ class LoopBackend:
                 _remove(path)
             if plan.remove:
                 _fsync_dir(self.volumes_dir)
+            for path, size in plan.resize:  # before attaching: a device takes its image's size
+                try:
+                    before = set_file_size(path, size)
+                    log.info("loop sandbox: resized %s from %d to %d bytes, its volume's size", path, before, size)
+                except OSError as exc:
+                    log.warning("loop sandbox: cannot resize %s to %d bytes: %s", path, size, exc)
             for image in plan.attach:
                 try:
                     device = self.loops.attach(str(image))
                     log.info("loop sandbox: re-attached %s to %s", image, device)
                 except Exception as exc:  # noqa: BLE001 - reported, retried by get_volume
                     log.warning("loop sandbox: cannot re-attach %s: %s", image, exc)
+            for device in plan.refresh:
+                try:
+                    self.loops.set_capacity(device)
+                    log.info("loop sandbox: told %s the size of its volume (an expansion was interrupted)", device)
+                except Exception as exc:  # noqa: BLE001 - reported; a retried expansion does it
+                    log.warning("loop sandbox: cannot resize %s: %s", device, exc)
             self._reload()
             return plan
+
+    def _plan_resize(
+        self, records: Iterable[VolumeRecord], attached: list[LoopDevice]
+    ) -> tuple[tuple[tuple[Path, int], ...], tuple[str, ...]]:
+        """:func:`plan_resize` over the work dir: a stat per volume, a sysfs read per attached volume."""
+        records = list(records)
+        image_sizes, device_sizes = {}, {}
+        for record in records:
+            image = self.image_path(record.id)
+            try:
+                image_sizes[record.id] = os.stat(image).st_size
+            except OSError:
+                continue
+            device_sizes[record.id] = {d: self.loops.size(d) for d in devices_backed_by(image, attached)}
+        return plan_resize(self.volumes_dir, records, image_sizes, device_sizes)
 
     def close(self) -> None:
         with self._lock:
@@ -475,7 +563,10 @@ class LoopBackend:
         if devices:
             device, condition = devices[0], self._device_condition(record, devices[0])
         else:
-            device = self.loops.attach(str(self.image_path(record.id)))
+            # The device takes the image's size: make it the volume's first (see image_size_for).
+            image = self.image_path(record.id)
+            set_file_size(image, image_size_for(record.size, os.stat(image).st_size, ()))
+            device = self.loops.attach(str(image))
             condition = Condition.problem(
                 f"volume {record.id} had no loop device (detached by hand, or the node rebooted): "
                 f"re-attached its image to {device}"
@@ -614,42 +705,72 @@ class LoopBackend:
         return devices[0] if devices else None
 
     def list_volumes(self) -> list[Volume]:
-        """Every volume, sorted by id; ``device`` is empty for one whose image is not attached now."""
+        """Every volume, sorted by id; ``device`` is empty for one whose image is not attached now.
+
+        Each carries its condition, from the one listing of the loop devices and
+        a sysfs read per attached volume (as :meth:`volume_condition` would say).
+        """
         with self._mutating():
             self._devices = self._devices_from(self.loops.attached())
-            return [self._volume(self._records[i], self._devices.get(i, "")) for i in sorted(self._records)]
+            volumes = []
+            for volume_id in sorted(self._records):
+                record, device = self._records[volume_id], self._devices.get(volume_id, "")
+                condition = self._device_condition(record, device) if device else self._detached_condition(volume_id)
+                volumes.append(self._volume(record, device, condition))
+            return volumes
 
     def volume_condition(self, volume_id: str) -> Condition:
-        """Looks at the image and its loop device without repairing anything."""
+        """Looks at the metadata, the image and its loop device, and repairs nothing.
+
+        It reads the metadata file, not the cache: a volume whose image was
+        removed by hand is no longer cached (metadata alone is what an
+        interrupted delete leaves, which :meth:`open` removes at start-up and a
+        retried delete finishes), yet the CO still has it until it deletes it,
+        so it is reported, not NOT_FOUND.  A healthy look costs that read, a
+        stat and the sysfs reads of one device (its backing file, its size).
+        """
         if not is_valid_lv_name(volume_id):
             raise VolumeNotFound(f"no volume {volume_id!r}: not a valid volume id")
         metadata, image = self.metadata_path(volume_id), self.image_path(volume_id)
-        try:  # the file, not the cache: a volume whose image was removed is no longer cached
+        try:
             record = parse_metadata(volume_id, metadata.read_text())
         except FileNotFoundError:
             raise VolumeNotFound(f"no volume {volume_id!r} in the loop sandbox") from None
         except (OSError, ValueError, InvalidParameters) as exc:
-            return Condition.problem(f"the metadata {metadata} of volume {volume_id} is unreadable: {exc}")
-        if not image.exists():
             return Condition.problem(
-                f"the image {image} of volume {volume_id} is gone (removed outside csilvm): its data is lost "
-                f"unless the file is restored; delete the volume"
+                f"the metadata {metadata} of volume {volume_id} is unreadable ({exc}): restore it, or remove "
+                f"it and the image {image} by hand"
+            )
+        if not image.exists():
+            holders = [d.device for d in self.loops.attached() if d.deleted and d.backing_file == str(image)]
+            if holders:
+                return Condition.problem(
+                    f"the image {image} of volume {volume_id} was removed outside csilvm, but "
+                    f"{', '.join(holders)} still holds it: copy the data off that device before deleting the volume"
+                )
+            return Condition.problem(
+                f"the image {image} of volume {volume_id} is gone (removed outside csilvm, or a delete was "
+                f"interrupted): its data is lost unless the file is restored; delete the volume"
             )
         devices = self._devices_of(volume_id)
         if not devices:
-            return Condition.problem(
-                f"the image of volume {volume_id} is not attached to any loop device (detached by hand, or the "
-                f"node rebooted): the next stage or publish re-attaches it"
-            )
+            return self._detached_condition(volume_id)
         return self._device_condition(record, devices[0])
 
-    def expand_volume(self, volume_id: str, size: SizeRange) -> int:
-        """Grow the image, then the metadata, then the loop device.
+    def _detached_condition(self, volume_id: str) -> Condition:
+        return Condition.problem(
+            f"the image of volume {volume_id} is not attached to any loop device (detached by hand, or the "
+            f"node rebooted): the next ControllerGetVolume, stage or publish re-attaches it"
+        )
 
-        The metadata's size is the truth: a kill after the image grew leaves a
-        larger sparse file (harmless) under a volume of the old size, and a kill
-        before the loop device was told leaves a smaller device; a retried
-        expansion finishes both, and so does re-attaching after a restart.
+    def expand_volume(self, volume_id: str, size: SizeRange) -> int:
+        """Grow the image (ftruncate, fsync), rename the new metadata, then tell the loop device.
+
+        The metadata's size is the truth (see the module's docstring): killed
+        before the rename, the volume keeps its old size over a larger image,
+        which this cuts back to the size asked (no device ever showed that
+        space); killed after it, the device is smaller than the volume, and a
+        retry, which then needs no growth, only tells the device.
         """
         if not is_valid_lv_name(volume_id):
             raise VolumeNotFound(f"no volume {volume_id!r}: not a valid volume id")
@@ -658,39 +779,61 @@ class LoopBackend:
             if record is None:
                 raise VolumeNotFound(f"no volume {volume_id!r} in the loop sandbox")
             target = expansion_target(record.size, size, self.granularity)
-            if target > record.size:
-                free = max(0, self.capacity_bytes - self._used_bytes)
-                if target - record.size > free:
-                    raise OutOfRange(
-                        f"volume {volume_id} cannot grow from {format_size(record.size)} to {format_size(target)}: "
-                        f"the loop sandbox has {format_size(free)} ({free} bytes) free of "
-                        f"{format_size(self.capacity_bytes)}; it can grow to {record.size + free} bytes"
-                    )
+            free = max(0, self.capacity_bytes - self._used_bytes)
+            if target - record.size > free:
+                raise OutOfRange(
+                    f"volume {volume_id} cannot grow from {format_size(record.size)} to {format_size(target)}: "
+                    f"the loop sandbox has {format_size(free)} ({free} bytes) free of "
+                    f"{format_size(self.capacity_bytes)}, so it can grow to at most {record.size + free} bytes"
+                )
+            image = self.image_path(volume_id)
+            devices = {d: self.loops.size(d) for d in self._devices_of(volume_id)}
+            if target == record.size:
+                # No growth: the metadata is left alone; only what an interrupted expansion
+                # left behind (see image_size_for) is brought to the volume's size.
+                image_size = os.stat(image).st_size
+                fitted = image_size_for(target, image_size, devices.values())
+                if fitted != image_size:
+                    set_file_size(image, fitted)
+            else:
                 grown = dataclasses.replace(record, size=target)
                 self._bump_generation()
                 try:
-                    _grow_file(self.image_path(volume_id), target)
-                    write_atomically(self.metadata_path(volume_id), grown.to_json())
+                    before = set_file_size(image, image_size_for(target, os.stat(image).st_size, devices.values()))
+                    try:
+                        write_atomically(self.metadata_path(volume_id), grown.to_json())
+                    except BaseException:
+                        # Undo in this process (no device was told); a kill leaves the larger image.
+                        with contextlib.suppress(Exception):
+                            set_file_size(image, before)
+                        raise
                     self._records[volume_id] = grown
                     self._used_bytes += target - record.size
                 finally:
                     self._changed()
-                log.info("loop sandbox: grew volume %s from %d to %d bytes", volume_id, record.size, target)
-            for device in self._devices_of(volume_id):
-                size_now = self.loops.size(device)
-                if size_now is None or size_now < target:
+                log.info("loop sandbox: expanded volume %s from %d to %d bytes", volume_id, record.size, target)
+            for device, device_size in devices.items():
+                # A device of unknown size is told after a growth only: a request that grows
+                # nothing touches nothing on a healthy volume.
+                if device_size < target if device_size is not None else target > record.size:
                     self.loops.set_capacity(device)
             return target
 
     def modify_volume(self, volume_id: str, parameters: Mapping[str, str]) -> Volume:
         """The sandbox has one layout: a change to ``type=linear`` is no change, any other is refused."""
-        profile = parse_profile(parameters)
-        if profile.layout is not Layout.LINEAR:
-            raise InvalidParameters(
-                f"the loop sandbox serves only type=linear; it cannot change volume {volume_id} to "
-                f"type={profile.layout.value}"
-            )
-        return self.get_volume(volume_id)
+        profile = parse_profile(parameters)  # InvalidParameters when malformed
+        if not is_valid_lv_name(volume_id):
+            raise VolumeNotFound(f"no volume {volume_id!r}: not a valid volume id")
+        with self._mutating():
+            record = self._records.get(volume_id)
+            if record is None:
+                raise VolumeNotFound(f"no volume {volume_id!r} in the loop sandbox")
+            if profile.layout is not Layout.LINEAR:
+                raise InvalidParameters(
+                    f"the loop sandbox serves only type=linear; volume {volume_id} cannot become "
+                    f"type={profile.layout.value}: use the lvm backend for raid layouts"
+                )
+            return self._attached_volume(record)
 
     def capacity(self, profile: Profile) -> Capacity:
         if profile.layout is not Layout.LINEAR:

@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import multiprocessing
 import os
 import shutil
 import signal
 import stat
+import struct
 import threading
 from pathlib import Path
 
 import pytest
 
 from lvm import loop, sandbox
-from lvm.backend import Capacity, SizeRange
+from lvm.backend import Capacity, Condition, SizeRange
 from lvm.command import SubprocessRunner
 from lvm.errors import OutOfRange, VolumeBusy, VolumeExists, VolumeNotFound
 from lvm.loop import find_attached, list_attached, loop_supported, wipe_ends
@@ -73,6 +75,24 @@ def ours(tmp_path: Path) -> list[loop.LoopDevice]:
 
 def device_size(device: str) -> int:
     return int(Path(f"/sys/block/{os.path.basename(device)}/size").read_text()) * 512
+
+
+BLKGETSIZE64 = 0x80081272  # <linux/fs.h>: _IOR(0x12, 114, size_t)
+
+
+def block_size(device: str) -> int:
+    """The size the block layer gives ``device`` (what ``blockdev --getsize64`` prints), not sysfs'."""
+    fd = os.open(device, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        size = struct.unpack("=Q", fcntl.ioctl(fd, BLKGETSIZE64, bytes(8)))[0]
+        assert os.lseek(fd, 0, os.SEEK_END) == size
+        return size
+    finally:
+        os.close(fd)
+
+
+def metadata_size(backend: LoopBackend, volume_id: str) -> int:
+    return sandbox.parse_metadata(volume_id, backend.metadata_path(volume_id).read_text()).size
 
 
 def test_probe(work_dir):
@@ -327,3 +347,133 @@ def test_parallel_attaches_race_for_free_devices_and_all_succeed(tmp_path, work_
         t.join()
     assert len(set(devices.values())) == len(images)
     assert {find_attached(image) for image in images} == set(devices.values())
+
+
+# -- day two: expansion and condition on real loop devices -----------------------------------------
+
+
+def test_expanding_an_attached_volume_grows_its_device_and_keeps_its_data(work_dir):
+    backend = make(work_dir)
+    vol = backend.create_volume("v", SizeRange(required=8 * MiB), LINEAR)
+    write_at(vol.device, 0, b"HEAD")
+    write_at(vol.device, 8 * MiB - 4, b"TAIL")
+    holder = os.open(vol.device, os.O_RDONLY)  # held open across the expansion, as a file system would
+    try:
+        assert backend.expand_volume("v", SizeRange(required=20 * MiB + 1)) == 21 * MiB
+        assert block_size(vol.device) == 21 * MiB == device_size(vol.device)
+        assert os.lseek(holder, 0, os.SEEK_END) == 21 * MiB
+    finally:
+        os.close(holder)
+    assert read_at(vol.device, 0, 4) == b"HEAD" and read_at(vol.device, 8 * MiB - 4, 4) == b"TAIL"
+    assert read_at(vol.device, 8 * MiB, 4) == bytes(4)  # the new space reads zeros
+    write_at(vol.device, 21 * MiB - 4, b"END!")
+    assert read_at(vol.device, 21 * MiB - 4, 4) == b"END!"
+    again = backend.get_volume("v")
+    assert (again.device, again.size) == (vol.device, 21 * MiB)
+    assert os.path.getsize(backend.image_path("v")) == 21 * MiB == metadata_size(backend, "v")
+    assert backend.expand_volume("v", SizeRange(required=MiB)) == 21 * MiB  # never shrinks
+    backend.close()
+    assert make(work_dir).get_volume("v").size == 21 * MiB
+
+
+def test_expansion_takes_exactly_the_free_capacity_and_refuses_one_mib_more(work_dir):
+    backend = make(work_dir, capacity=64 * MiB)
+    backend.create_volume("other", SizeRange(required=10 * MiB), LINEAR)
+    vol = backend.create_volume("v", SizeRange(required=8 * MiB), LINEAR)
+    free = backend.capacity(LINEAR).available
+    assert free == 46 * MiB
+    with pytest.raises(OutOfRange, match="46MiB .* free"):
+        backend.expand_volume("v", SizeRange(required=vol.size + free + MiB))
+    assert block_size(vol.device) == 8 * MiB and os.path.getsize(backend.image_path("v")) == 8 * MiB
+    assert metadata_size(backend, "v") == 8 * MiB and backend.capacity(LINEAR).available == free
+    assert backend.expand_volume("v", SizeRange(required=vol.size + free)) == 54 * MiB
+    assert block_size(vol.device) == 54 * MiB and backend.capacity(LINEAR) == Capacity(0, 0, MiB)
+    with pytest.raises(OutOfRange, match="free"):
+        backend.expand_volume("v", SizeRange(required=55 * MiB))
+    assert block_size(vol.device) == 54 * MiB and metadata_size(backend, "v") == 54 * MiB
+
+
+def test_condition_is_abnormal_once_the_loop_device_is_detached_by_hand(work_dir):
+    backend = make(work_dir)
+    vol = backend.create_volume("v", SizeRange(), LINEAR)
+    assert backend.volume_condition("v") == Condition()
+    if shutil.which("losetup"):
+        SubprocessRunner().run(["losetup", "-d", vol.device])
+    else:
+        loop.detach(vol.device)  # LOOP_CLR_FD, as losetup -d does
+    condition = backend.volume_condition("v")
+    assert condition.abnormal and "not attached" in condition.message
+    assert find_attached(backend.image_path("v")) is None, "looking repairs nothing"
+    reattached = backend.get_volume("v")  # what a stage does
+    assert reattached.condition.abnormal and "re-attached" in reattached.condition.message
+    assert backend.volume_condition("v") == Condition()
+
+
+def test_condition_is_abnormal_once_the_image_is_removed_by_hand(work_dir):
+    backend = make(work_dir)
+    vol = backend.create_volume("v", SizeRange(), LINEAR)
+    write_at(vol.device, 0, b"DATA")
+    os.unlink(backend.image_path("v"))
+    condition = backend.volume_condition("v")  # not NOT_FOUND: the CO still has the volume
+    assert condition.abnormal and f"{vol.device} still holds it" in condition.message
+    assert read_at(vol.device, 0, 4) == b"DATA"  # which is why the message says to copy it off
+    loop.detach(vol.device)
+    condition = backend.volume_condition("v")
+    assert condition.abnormal and "is gone" in condition.message
+    backend.delete_volume("v")  # finishes like an interrupted delete
+    with pytest.raises(VolumeNotFound):
+        backend.volume_condition("v")
+
+
+def _expand_and_die(work_dir: Path, where: str, size: int) -> None:
+    """Child: expand v to ``size``, SIGKILLed before the metadata's rename or before LOOP_SET_CAPACITY."""
+    kill = lambda *args: os.kill(os.getpid(), signal.SIGKILL)  # noqa: E731
+    if where == "before rename":
+        sandbox.write_atomically = kill
+    else:
+        loop.set_capacity = kill
+    make(work_dir).expand_volume("v", SizeRange(required=size))
+    os._exit(0)
+
+
+def _kill_during_expansion(work_dir: Path, where: str, size: int = 16 * MiB) -> None:
+    child = multiprocessing.get_context("fork").Process(target=_expand_and_die, args=(work_dir, where, size))
+    child.start()
+    child.join(timeout=60)
+    assert child.exitcode == -signal.SIGKILL
+
+
+def test_kill_9_before_the_metadata_rename_keeps_the_old_size_and_converges(work_dir, tmp_path):
+    backend = make(work_dir)
+    vol = backend.create_volume("v", SizeRange(required=8 * MiB), LINEAR)
+    write_at(vol.device, 8 * MiB - 4, b"TAIL")
+    _kill_during_expansion(work_dir, "before rename")
+    image = backend.image_path("v")
+    assert os.path.getsize(image) == 16 * MiB  # the harmless leftover
+    assert metadata_size(backend, "v") == 8 * MiB and block_size(vol.device) == 8 * MiB
+    assert backend.volume_condition("v") == Condition() and backend.get_volume("v").size == 8 * MiB
+    backend.close()
+    restarted = make(work_dir)  # cuts the image back to the metadata's size
+    assert os.path.getsize(image) == 8 * MiB and restarted.get_volume("v").device == vol.device
+    assert sorted(os.listdir(work_dir / "volumes")) == ["v.img", "v.json"]
+    assert restarted.expand_volume("v", SizeRange(required=16 * MiB)) == 16 * MiB  # the retry
+    assert block_size(vol.device) == 16 * MiB and read_at(vol.device, 8 * MiB - 4, 4) == b"TAIL"
+    assert len(ours(tmp_path)) == 1
+
+
+def test_kill_9_before_the_loop_device_is_told_is_reported_and_finished(work_dir, tmp_path):
+    backend = make(work_dir)
+    vol = backend.create_volume("v", SizeRange(required=8 * MiB), LINEAR)
+    _kill_during_expansion(work_dir, "before set_capacity")
+    assert metadata_size(backend, "v") == 16 * MiB and block_size(vol.device) == 8 * MiB
+    condition = backend.volume_condition("v")
+    assert condition.abnormal and "expand the volume again" in condition.message
+    assert backend.expand_volume("v", SizeRange(required=16 * MiB)) == 16 * MiB  # the CO's retry
+    assert block_size(vol.device) == 16 * MiB and backend.volume_condition("v") == Condition()
+    backend.close()
+    # Killed there again, and never retried: the restart tells the device.
+    _kill_during_expansion(work_dir, "before set_capacity", 24 * MiB)
+    assert block_size(vol.device) == 16 * MiB and metadata_size(backend, "v") == 24 * MiB
+    restarted = make(work_dir)
+    assert block_size(vol.device) == 24 * MiB and restarted.volume_condition("v") == Condition()
+    assert len(ours(tmp_path)) == 1

@@ -21,9 +21,11 @@ from lvm.sandbox import (
     LoopBackend,
     VolumeRecord,
     classify_entries,
+    image_size_for,
     is_compatible,
     parse_metadata,
     plan_repair,
+    plan_resize,
     scan,
 )
 from lvm.units import MiB
@@ -61,12 +63,14 @@ class FakeLoops:
             device = f"/dev/loop{self._next}"
             self._next += 1
             self.devices[device] = LoopDevice(device, os.path.realpath(image))
+            self.sizes[device] = os.path.getsize(image)  # like the kernel: the file's size when attached
             return device
 
     def detach(self, device: str) -> None:
         with self._lock:
             self.calls.append(("detach", device))
             self.devices.pop(device, None)
+            self.sizes.pop(device, None)
 
     def set_capacity(self, device: str) -> None:
         """Like the kernel: the device takes its backing file's size."""
@@ -466,8 +470,11 @@ def _run_and_kill_at(work_dir: Path, step: int, action: str) -> None:
         setattr(os, name, killing(getattr(os, name)))
     loops.attach = killing(loops.attach)
     loops.detach = killing(loops.detach)
+    loops.set_capacity = killing(loops.set_capacity)
     if action == "create":
         backend.create_volume("v", SizeRange(), LINEAR)
+    elif action == "expand":
+        backend.expand_volume("v", SizeRange(required=8 * MiB))
     else:
         backend.delete_volume("v")
     os._exit(0)
@@ -501,6 +508,36 @@ def test_kill_at_any_point_leaves_a_whole_volume_or_nothing(tmp_path, action):
         pytest.fail("the action never completed: raise the step bound")
     # Both outcomes occurred: the kills did land before and after the commit point.
     assert outcomes >= {(-signal.SIGKILL, True), (-signal.SIGKILL, False)}
+
+
+def test_kill_at_any_point_of_an_expansion_leaves_the_old_or_the_new_size_and_nothing_between(tmp_path):
+    """After a restart, image, loop device and capacity agree with the metadata, whichever size it says."""
+    context = multiprocessing.get_context("fork")
+    sizes = set()
+    for step in range(1, 60):
+        work = tmp_path / f"step{step}"
+        make_backend(work).create_volume("v", SizeRange(), LINEAR)  # 4 MiB
+        child = context.Process(target=_run_and_kill_at, args=(work, step, "expand"))
+        child.start()
+        child.join(timeout=60)
+        assert child.exitcode in (0, -signal.SIGKILL), child.exitcode
+        loops = FakeLoops()  # a reboot: the restart re-attaches the image, which gives the device its size
+        backend = make_backend(work, loops)
+        [volume] = backend.list_volumes()
+        assert volume.size in (4 * MiB, 8 * MiB)
+        assert os.path.getsize(backend.image_path("v")) == volume.size, f"step {step}"
+        assert loops.size(volume.device) == volume.size, f"step {step}"
+        assert backend.capacity(LINEAR).available == 64 * MiB - volume.size
+        assert files(backend) == ["v.img", "v.json"] and not backend.volume_condition("v").abnormal
+        # The retried expansion converges from wherever the kill left it.
+        assert backend.expand_volume("v", SizeRange(required=8 * MiB)) == 8 * MiB
+        assert os.path.getsize(backend.image_path("v")) == 8 * MiB == loops.size(volume.device)
+        sizes.add((child.exitcode, volume.size))
+        if child.exitcode == 0:
+            break
+    else:
+        pytest.fail("the expansion never completed: raise the step bound")
+    assert sizes >= {(-signal.SIGKILL, 4 * MiB), (-signal.SIGKILL, 8 * MiB), (0, 8 * MiB)}
 
 
 def test_loop_config_matches_the_kernel_struct_layout():
@@ -634,3 +671,184 @@ def test_modify_is_a_no_op_to_linear_and_refused_otherwise(tmp_path):
             backend.modify_volume(volume.id, params)
     with pytest.raises(VolumeNotFound):
         backend.modify_volume("nope", {"type": "linear"})
+
+
+def test_image_size_for_takes_the_metadata_as_the_truth():
+    # Grown to the volume's size; a leftover of a killed expansion cut back ...
+    assert image_size_for(8 * MiB, 4 * MiB, [4 * MiB]) == 8 * MiB
+    assert image_size_for(8 * MiB, 8 * MiB, [8 * MiB]) == 8 * MiB
+    assert image_size_for(8 * MiB, 20 * MiB, [8 * MiB]) == 8 * MiB
+    assert image_size_for(8 * MiB, 20 * MiB, []) == 8 * MiB
+    # ... but never below what a device shows (it may hold data there), nor blindly.
+    assert image_size_for(8 * MiB, 20 * MiB, [12 * MiB]) == 12 * MiB
+    assert image_size_for(8 * MiB, 20 * MiB, [8 * MiB, 30 * MiB]) == 20 * MiB
+    assert image_size_for(8 * MiB, 20 * MiB, [None]) == 20 * MiB
+
+
+def test_plan_resize(tmp_path):
+    vdir = tmp_path / "volumes"
+    records = [record("ok", 8 * MiB), record("leftover", 8 * MiB), record("untold", 12 * MiB), record("gone", MiB)]
+    image_sizes = {"ok": 8 * MiB, "leftover": 20 * MiB, "untold": 12 * MiB}  # "gone": no image
+    devices = {
+        "ok": {"/dev/loop1": 8 * MiB},
+        "leftover": {"/dev/loop2": 8 * MiB},
+        "untold": {"/dev/loop3": 8 * MiB, "/dev/loop4": None},
+    }
+    resize, refresh = plan_resize(vdir, records, image_sizes, devices)
+    assert resize == ((vdir / "leftover.img", 8 * MiB),)
+    assert refresh == ("/dev/loop3",)
+    assert plan_resize(vdir, records[:1], image_sizes, devices) == ((), ())
+
+
+def test_expansion_refused_for_a_range_with_no_granule_changes_nothing(tmp_path):
+    loops = FakeLoops()
+    backend = make_backend(tmp_path, loops)
+    volume = backend.create_volume("v", SizeRange(8 * MiB), Profile())
+    calls = list(loops.calls)
+    with pytest.raises(OutOfRange, match="no multiple"):
+        backend.expand_volume(volume.id, SizeRange(required=10 * MiB + 1, limit=10 * MiB + 2))
+    with pytest.raises(OutOfRange, match="below required"):
+        backend.expand_volume(volume.id, SizeRange(required=12 * MiB, limit=10 * MiB))
+    with pytest.raises(VolumeNotFound):
+        backend.expand_volume("../v", SizeRange(required=12 * MiB))
+    assert loops.calls == calls and os.path.getsize(backend.image_path("v")) == 8 * MiB
+    assert parse_metadata("v", backend.metadata_path("v").read_text()).size == 8 * MiB
+
+
+def test_refused_expansion_says_what_is_free(tmp_path):
+    backend = make_backend(tmp_path, capacity=40 * MiB)
+    backend.create_volume("other", SizeRange(10 * MiB), Profile())
+    volume = backend.create_volume("v", SizeRange(10 * MiB), Profile())
+    with pytest.raises(OutOfRange, match=r"20MiB \(20971520 bytes\) free .* at most 31457280 bytes"):
+        backend.expand_volume(volume.id, SizeRange(31 * MiB))
+    assert backend.expand_volume(volume.id, SizeRange(30 * MiB)) == 30 * MiB
+    assert backend.capacity(LINEAR) == Capacity(0, 0, MiB)
+
+
+def _leave_a_killed_expansion(backend: LoopBackend, volume_id: str, image_size: int) -> None:
+    """What a kill between the image's ftruncate and the metadata's rename leaves: a larger image, a .tmp."""
+    os.truncate(backend.image_path(volume_id), image_size)
+    backend.metadata_path(volume_id).with_name(f"{volume_id}.json.tmp").write_text("{")
+
+
+def test_a_kill_before_the_metadata_rename_keeps_the_old_size_and_the_retry_cuts_the_image(tmp_path):
+    loops = FakeLoops()
+    backend = make_backend(tmp_path, loops)
+    volume = backend.create_volume("v", SizeRange(8 * MiB), Profile())
+    _leave_a_killed_expansion(backend, "v", 20 * MiB)
+    # The metadata is the truth: the volume, its capacity and its device keep the old size.
+    assert backend.get_volume("v").size == 8 * MiB
+    assert backend.capacity(LINEAR).available == 56 * MiB
+    assert not backend.volume_condition("v").abnormal
+    # The retry asks less than the leftover: the image is cut to the new size, so is the device.
+    assert backend.expand_volume("v", SizeRange(12 * MiB)) == 12 * MiB
+    assert os.path.getsize(backend.image_path("v")) == 12 * MiB == loops.sizes[volume.device]
+    assert backend.capacity(LINEAR).available == 52 * MiB
+
+
+def test_open_cuts_back_a_killed_expansion_before_re_attaching(tmp_path):
+    loops = FakeLoops()
+    backend = make_backend(tmp_path, loops)
+    volume = backend.create_volume("v", SizeRange(8 * MiB), Profile())
+    _leave_a_killed_expansion(backend, "v", 20 * MiB)
+    backend.close()
+    restarted = make_backend(tmp_path, loops)  # the device stayed attached (at 8 MiB)
+    assert os.path.getsize(backend.image_path("v")) == 8 * MiB and files(restarted) == ["v.img", "v.json"]
+    assert loops.sizes[volume.device] == 8 * MiB and restarted.get_volume("v").size == 8 * MiB
+    _leave_a_killed_expansion(restarted, "v", 20 * MiB)
+    restarted.close()
+    rebooted_loops = FakeLoops()  # nothing attached: the device would take the image's size
+    rebooted = make_backend(tmp_path, rebooted_loops)
+    device = rebooted.get_volume("v").device
+    assert rebooted_loops.sizes[device] == 8 * MiB == os.path.getsize(backend.image_path("v"))
+
+
+def test_a_re_attach_never_shows_more_than_the_metadata(tmp_path):
+    loops = FakeLoops()
+    backend = make_backend(tmp_path, loops)
+    volume = backend.create_volume("v", SizeRange(8 * MiB), Profile())
+    _leave_a_killed_expansion(backend, "v", 20 * MiB)
+    loops.detach(volume.device)
+    again = backend.get_volume("v")
+    assert loops.sizes[again.device] == 8 * MiB == os.path.getsize(backend.image_path("v"))
+
+
+def test_a_failed_metadata_write_puts_the_image_back(tmp_path, monkeypatch):
+    from lvm import sandbox
+
+    loops = FakeLoops()
+    backend = make_backend(tmp_path, loops)
+    volume = backend.create_volume("v", SizeRange(8 * MiB), Profile())
+
+    def full(path, text):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(sandbox, "write_atomically", full)
+    with pytest.raises(OSError, match="No space"):
+        backend.expand_volume("v", SizeRange(16 * MiB))
+    assert os.path.getsize(backend.image_path("v")) == 8 * MiB and loops.sizes[volume.device] == 8 * MiB
+    assert backend.get_volume("v").size == 8 * MiB and backend.capacity(LINEAR).available == 56 * MiB
+    assert ("set_capacity", volume.device) not in loops.calls
+
+
+def test_open_tells_a_device_its_volume_grew_when_the_kill_came_before_set_capacity(tmp_path):
+    loops = FakeLoops()
+    backend = make_backend(tmp_path, loops)
+    volume = backend.create_volume("v", SizeRange(8 * MiB), Profile())
+    def killed(device: str) -> None:
+        raise KeyboardInterrupt  # the kill, after the metadata's rename
+
+    loops.set_capacity = killed
+    with pytest.raises(KeyboardInterrupt):
+        backend.expand_volume("v", SizeRange(12 * MiB))
+    del loops.set_capacity
+    backend.close()
+    assert loops.sizes[volume.device] == 8 * MiB
+    restarted = make_backend(tmp_path, loops)
+    assert ("set_capacity", volume.device) in loops.calls and loops.sizes[volume.device] == 12 * MiB
+    assert not restarted.volume_condition("v").abnormal
+
+
+def test_expansion_logs_one_line(tmp_path, caplog):
+    backend = make_backend(tmp_path)
+    backend.create_volume("v", SizeRange(8 * MiB), Profile())
+    with caplog.at_level("INFO", logger="lvm.sandbox"):
+        backend.expand_volume("v", SizeRange(12 * MiB))
+        backend.expand_volume("v", SizeRange(12 * MiB))
+    lines = [r.getMessage() for r in caplog.records if "expanded" in r.getMessage()]
+    assert lines == [f"loop sandbox: expanded volume v from {8 * MiB} to {12 * MiB} bytes"]
+
+
+def test_condition_of_a_volume_whose_image_was_removed_by_hand_is_abnormal_not_not_found(tmp_path):
+    loops = FakeLoops()
+    backend = make_backend(tmp_path, loops)
+    volume = backend.create_volume("v", SizeRange(8 * MiB), Profile())
+    os.unlink(backend.image_path("v"))
+    # The kernel keeps the removed file open behind the device, and says so.
+    loops.devices[volume.device] = LoopDevice(volume.device, str(backend.image_path("v")), deleted=True)
+    assert backend.list_volumes() == []  # the cache drops it: metadata alone looks like a leftover
+    condition = backend.volume_condition("v")
+    assert condition.abnormal and volume.device in condition.message and "copy the data" in condition.message
+    loops.detach(volume.device)
+    condition = backend.volume_condition("v")
+    assert condition.abnormal and "is gone" in condition.message
+    assert files(backend) == ["v.json"], "looking repairs nothing"
+    backend.metadata_path("v").write_text("{garbage")
+    assert "unreadable" in backend.volume_condition("v").message
+    backend.metadata_path("v").write_text(record("v", 8 * MiB).to_json())
+    make_backend(tmp_path, loops)  # a restart still removes metadata alone, as an interrupted delete's
+    assert files(backend) == []
+    with pytest.raises(VolumeNotFound):
+        backend.volume_condition("v")
+
+
+def test_list_volumes_carries_each_condition(tmp_path):
+    loops = FakeLoops()
+    backend = make_backend(tmp_path, loops)
+    a = backend.create_volume("a", SizeRange(8 * MiB), Profile())
+    backend.create_volume("b", SizeRange(8 * MiB), Profile())
+    loops.detach(a.device)
+    conditions = {v.id: v.condition for v in backend.list_volumes()}
+    assert conditions["b"] == Condition()
+    assert conditions["a"].abnormal and "not attached" in conditions["a"].message
+    assert loops.device_of(backend.image_path("a")) is None, "listing repairs nothing"
