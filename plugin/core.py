@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import os
+import stat
 import threading
 from dataclasses import dataclass
 from typing import Iterator, Mapping, Sequence
@@ -186,8 +187,17 @@ class Core:
             return self._writer.run(self.backend.modify_volume, volume_id, dict(mutable_parameters))
 
     def volume_status(self, volume_id: str) -> tuple[Volume, Condition]:
-        """The volume and its health (ControllerGetVolume)."""
-        volume = self.backend.get_volume(volume_id)
+        """The volume and its health (ControllerGetVolume, NodeGetVolumeStats).
+
+        A volume whose storage is damaged so badly that it cannot be read (the
+        sandbox's image removed by hand) is still known: it is answered as
+        abnormal, with size 0, rather than as unknown.
+        """
+        try:
+            volume = self.backend.get_volume(volume_id)
+        except VolumeNotFound:
+            condition = self.backend.volume_condition(volume_id)  # VolumeNotFound when it is unknown
+            return Volume(id=volume_id, size=0, device=""), condition
         return volume, self.condition_of(volume)
 
     def delete_volume(self, volume_id: str) -> None:
@@ -318,18 +328,21 @@ class Core:
             mount_ops.unpublish(target_path, self.runner, remove_target=remove_target)
 
     def stats(self, volume_id: str, volume_path: str) -> VolumeStats:
-        device = self._device(volume_id)
+        volume, condition = self.volume_status(volume_id)
         if not os.path.exists(volume_path):
             raise VolumeNotFound(f"volume path {volume_path} does not exist")
-        condition = self.condition_of(self.backend.get_volume(volume_id))
-        if os.path.isdir(volume_path) and _is_mount_of(volume_path, device):
-            usage = mount_stats.filesystem_usage(volume_path)
-            return VolumeStats(
-                usage.bytes_total, usage.bytes_used, usage.bytes_available,
-                usage.inodes_total, usage.inodes_used, usage.inodes_available, condition,
-            )
-        if not os.path.isdir(volume_path) and os.stat(volume_path).st_rdev == os.stat(device).st_rdev:
-            return VolumeStats(mount_stats.block_device_size(volume_path), condition=condition)
+        device = volume.device  # "" when the volume cannot be read: then trust what is mounted at the path
+        if os.path.isdir(volume_path):
+            if _is_mount_of(volume_path, device) if device else read_mount_table().is_mount_point(os.path.realpath(volume_path)):
+                usage = mount_stats.filesystem_usage(volume_path)
+                return VolumeStats(
+                    usage.bytes_total, usage.bytes_used, usage.bytes_available,
+                    usage.inodes_total, usage.inodes_used, usage.inodes_available, condition,
+                )
+        else:
+            node = os.stat(volume_path)
+            if node.st_rdev == os.stat(device).st_rdev if device else stat.S_ISBLK(node.st_mode):
+                return VolumeStats(mount_stats.block_device_size(volume_path), condition=condition)
         raise VolumeNotFound(f"volume {volume_id} is not published at {volume_path}")
 
     def node_expand(self, volume_id: str, volume_path: str, staging_path: str = "") -> int:
