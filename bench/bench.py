@@ -118,6 +118,23 @@ def bench_loop(rounds: int) -> dict:
             client.unpublish(f"bench-{i}", str(targets / f"t{i}"))
         lat["DeleteVolume"] = summary(timed(lambda i: client.delete(f"bench-{i}"), rounds))
 
+        # Expansion of a published xfs volume: the controller grows the image and the
+        # loop device, the node grows the mounted file system (xfs_growfs).  xfs, not
+        # ext4: growing a mounted ext4 needs CAP_SYS_RESOURCE, which some sandboxes withhold.
+        grows = min(rounds, 20)
+        for i in range(grows):
+            client.create(f"grow-{i}", 320 * MiB)  # mkfs.xfs refuses less than 300 MB
+            client.stage(f"grow-{i}", str(staging / f"g{i}"), fs_type="xfs")
+            client.publish(f"grow-{i}", str(staging / f"g{i}"), str(targets / f"g{i}"), fs_type="xfs")
+        lat["ControllerExpandVolume"] = summary(timed(lambda i: client.expand(f"grow-{i}", 336 * MiB), grows))
+        lat["NodeExpandVolume (xfs, mounted)"] = summary(
+            timed(lambda i: client.node_expand(f"grow-{i}", str(targets / f"g{i}"), str(staging / f"g{i}")), grows)
+        )
+        for i in range(grows):
+            client.unpublish(f"grow-{i}", str(targets / f"g{i}"))
+            client.unstage(f"grow-{i}", str(staging / f"g{i}"))
+            client.delete(f"grow-{i}")
+
         # Probe latency while 16 CreateVolume calls are in flight, sent by another
         # process (as a CO's would be), so that this one measures Probe alone.
         load = subprocess.Popen(
@@ -140,7 +157,8 @@ def bench_loop(rounds: int) -> dict:
         client.close()
         plugin.stop()
     finally:
-        subprocess.run(["umount", "-R", str(root / "targets")], stderr=subprocess.DEVNULL, check=False)
+        for mounts in ("targets", "staging"):
+            subprocess.run(["umount", "-R", str(root / mounts)], stderr=subprocess.DEVNULL, check=False)
         for backing in Path("/sys/block").glob("loop*/loop/backing_file"):
             if backing.read_text().startswith(str(root)):
                 subprocess.run(["losetup", "-d", f"/dev/{backing.parent.parent.name}"], check=False)
@@ -175,6 +193,8 @@ def bench_lvm_invocations() -> dict:
         "CreateVolume (existing name)": cost(lambda: backend.create_volume("counted", SizeRange(8 * MiB), LINEAR)),
         "GetCapacity": cost(lambda: backend.capacity(LINEAR)),
         "ListVolumes (201 LVs)": cost(backend.list_volumes),
+        "ControllerExpandVolume": cost(lambda: backend.expand_volume("counted", SizeRange(16 * MiB))),
+        "ControllerExpandVolume (already that size)": cost(lambda: backend.expand_volume("counted", SizeRange(16 * MiB))),
         "DeleteVolume": cost(lambda: backend.delete_volume("counted")),
         "DeleteVolume (unknown id)": cost(lambda: backend.delete_volume("counted")),
         "Probe": cost(backend.probe),
