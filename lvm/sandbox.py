@@ -318,6 +318,12 @@ def set_file_size(path: Path, size: int) -> int:
         os.close(fd)
 
 
+def _check_volume_id(volume_id: str) -> None:
+    """VolumeNotFound for an id no volume can have: such an id never becomes a path."""
+    if not is_valid_lv_name(volume_id):
+        raise VolumeNotFound(f"no volume {volume_id!r}: not a valid volume id")
+
+
 def _remove(path: Path) -> None:
     with contextlib.suppress(FileNotFoundError):
         path.unlink()
@@ -689,13 +695,17 @@ class LoopBackend:
                 self._changed()
             log.info("loop sandbox: deleted volume %s", volume_id)
 
+    def _record(self, volume_id: str) -> VolumeRecord:
+        """The record of a whole volume (under :meth:`_mutating`); VolumeNotFound when there is none."""
+        record = self._records.get(volume_id)
+        if record is None:
+            raise VolumeNotFound(f"no volume {volume_id!r} in the loop sandbox")
+        return record
+
     def get_volume(self, volume_id: str) -> Volume:
-        if not is_valid_lv_name(volume_id):
-            raise VolumeNotFound(f"no volume {volume_id!r}: not a valid volume id")
+        _check_volume_id(volume_id)
         with self._mutating():
-            record = self._records.get(volume_id)
-            if record is None:
-                raise VolumeNotFound(f"no volume {volume_id!r} in the loop sandbox")
+            record = self._record(volume_id)
             return self._attached_volume(record)
 
     def device_of(self, volume_id: str) -> str | None:
@@ -729,8 +739,7 @@ class LoopBackend:
         so it is reported, not NOT_FOUND.  A healthy look costs that read, a
         stat and the sysfs reads of one device (its backing file, its size).
         """
-        if not is_valid_lv_name(volume_id):
-            raise VolumeNotFound(f"no volume {volume_id!r}: not a valid volume id")
+        _check_volume_id(volume_id)
         metadata, image = self.metadata_path(volume_id), self.image_path(volume_id)
         try:
             record = parse_metadata(volume_id, metadata.read_text())
@@ -772,12 +781,9 @@ class LoopBackend:
         space); killed after it, the device is smaller than the volume, and a
         retry, which then needs no growth, only tells the device.
         """
-        if not is_valid_lv_name(volume_id):
-            raise VolumeNotFound(f"no volume {volume_id!r}: not a valid volume id")
+        _check_volume_id(volume_id)
         with self._mutating():
-            record = self._records.get(volume_id)
-            if record is None:
-                raise VolumeNotFound(f"no volume {volume_id!r} in the loop sandbox")
+            record = self._record(volume_id)
             target = expansion_target(record.size, size, self.granularity)
             free = max(0, self.capacity_bytes - self._used_bytes)
             if target - record.size > free:
@@ -822,12 +828,9 @@ class LoopBackend:
     def modify_volume(self, volume_id: str, parameters: Mapping[str, str]) -> Volume:
         """The sandbox has one layout: a change to ``type=linear`` is no change, any other is refused."""
         profile = parse_profile(parameters)  # InvalidParameters when malformed
-        if not is_valid_lv_name(volume_id):
-            raise VolumeNotFound(f"no volume {volume_id!r}: not a valid volume id")
+        _check_volume_id(volume_id)
         with self._mutating():
-            record = self._records.get(volume_id)
-            if record is None:
-                raise VolumeNotFound(f"no volume {volume_id!r} in the loop sandbox")
+            record = self._record(volume_id)
             if profile.layout is not Layout.LINEAR:
                 raise InvalidParameters(
                     f"the loop sandbox serves only type=linear; volume {volume_id} cannot become "
