@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import grpc
 import pytest
 
 from lvm.errors import VolumeNotFound
 from plugin import validation
 from plugin.client import volume_capability
-from plugin.errors import RequestInvalid
+from plugin.errors import RequestInvalid, status_for
 from protos.v1 import csi_pb2 as pb
 
 
@@ -55,3 +56,32 @@ def test_get_and_modify_need_their_fields():
     for rpc in ("ControllerExpandVolume", "ControllerGetVolume", "ControllerModifyVolume"):
         assert f"/csi.v1.Controller/{rpc}" in validation.VALIDATORS
     assert "/csi.v1.Node/NodeExpandVolume" in validation.VALIDATORS
+
+
+def test_node_expand_checks_its_optional_fields_only_when_present():
+    ok = dict(volume_id="v", volume_path="/target")
+    validation.node_expand_volume(pb.NodeExpandVolumeRequest(**ok))  # staging path, capability and range are optional
+    validation.node_expand_volume(pb.NodeExpandVolumeRequest(
+        **ok, staging_target_path="/staging", volume_capability=volume_capability(block=False),
+        capacity_range=pb.CapacityRange(required_bytes=1 << 20),
+    ))
+    with pytest.raises(RequestInvalid, match="staging_target_path must be an absolute path"):
+        validation.node_expand_volume(pb.NodeExpandVolumeRequest(**ok, staging_target_path="staging"))
+    with pytest.raises(RequestInvalid, match="neither block nor mount"):
+        validation.node_expand_volume(pb.NodeExpandVolumeRequest(**ok, volume_capability=pb.VolumeCapability()))
+    with pytest.raises(RequestInvalid, match="negative"):
+        validation.node_expand_volume(pb.NodeExpandVolumeRequest(**ok, capacity_range=pb.CapacityRange(limit_bytes=-1)))
+
+
+def test_a_volume_path_with_a_nul_is_invalid_and_never_looked_up():
+    with pytest.raises(RequestInvalid, match="NUL"):
+        validation.node_get_volume_stats(pb.NodeGetVolumeStatsRequest(volume_id="v", volume_path="/a\0b"))
+
+
+def test_a_relative_volume_path_answers_not_found_an_empty_one_invalid_argument():
+    with pytest.raises(VolumeNotFound) as err:
+        validation.node_get_volume_stats(pb.NodeGetVolumeStatsRequest(volume_id="v", volume_path="some/path"))
+    assert status_for(err.value) == grpc.StatusCode.NOT_FOUND
+    with pytest.raises(RequestInvalid) as err:
+        validation.node_get_volume_stats(pb.NodeGetVolumeStatsRequest(volume_id="v"))
+    assert status_for(err.value) == grpc.StatusCode.INVALID_ARGUMENT
