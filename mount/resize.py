@@ -18,11 +18,13 @@ import os
 import struct
 
 from lvm.command import Runner
-from lvm.errors import CommandFailed
+from lvm.errors import CommandFailed, OutOfRange
 from mount.errors import ResizeFailed, UnsupportedFilesystem
+from mount.stats import block_device_size
 
 RESIZE_TIMEOUT = 600.0  # growing a large, busy file system can take minutes
 EXT_FAMILY = ("ext2", "ext3", "ext4")
+BTRFS_RESIZE_MINIMUM = 256 << 20  # the kernel refuses (EINVAL) to resize a btrfs to less than 256 MiB
 E2FSCK_FIXED = 1  # e2fsck: errors were corrected (anything above needs a person)
 
 # Superblock fields (offsets in bytes from the start of the device).
@@ -102,6 +104,12 @@ def grow_filesystem(device: str, fs_type: str, runner: Runner, *, mount_point: s
     if fs_type == "btrfs":
         if mount_point is None:
             return False
+        size = block_device_size(device)
+        if size < BTRFS_RESIZE_MINIMUM:
+            raise OutOfRange(
+                f"btrfs cannot grow to {size} bytes: the kernel resizes btrfs file systems only to "
+                f"{BTRFS_RESIZE_MINIMUM} bytes (256 MiB) or more; expand the volume to at least that"
+            )
         _run(["btrfs", "filesystem", "resize", "max", mount_point], runner)
         return True
     raise UnsupportedFilesystem(f"cannot grow a {fs_type!r} file system: csilvm grows ext2/3/4, xfs and btrfs")

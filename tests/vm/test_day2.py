@@ -22,8 +22,8 @@ PROFILES = {
     "raid0": {"type": "raid0", "stripes": "2"},
     "raid1": {"type": "raid1", "mirrors": "1"},
 }
-# mkfs.xfs (Debian 12) refuses file systems under 300 MB; mkfs.btrfs under about 114 MB.
-FS_SIZES = {"ext4": 16 * MiB, "xfs": 304 * MiB, "btrfs": 128 * MiB}
+# mkfs.xfs (Debian 12) refuses file systems under 300 MB; the kernel resizes btrfs only to 256 MiB or more.
+FS_SIZES = {"ext4": 16 * MiB, "xfs": 304 * MiB, "btrfs": 256 * MiB}
 
 
 def sha256(path: Path) -> str:
