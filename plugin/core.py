@@ -22,6 +22,7 @@ from lvm.profiles import parse_profile
 from lvm.writer import MutationWriter
 from mount import fs as mount_fs
 from mount import ops as mount_ops
+from mount import resize as mount_resize
 from mount import stats as mount_stats
 from mount.table import read_mount_table, shows_device
 from plugin.errors import NotStaged, TopologyUnsatisfiable
@@ -359,8 +360,6 @@ class Core:
                 if os.stat(volume_path).st_rdev != os.stat(device).st_rdev:
                     raise VolumeNotFound(f"volume {volume_id} is not published at {volume_path}")
                 return size
-            from mount import resize as mount_resize  # only nodes that expand need it
-
             rdev = os.stat(device).st_rdev
             table = read_mount_table()
             for path in (staging_path, volume_path):
