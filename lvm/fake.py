@@ -512,13 +512,17 @@ class FakeLvm:
         vg = self._vgs.get(vg_name)
         return vg, (vg.lvs.get(lv_name) if vg else None), target
 
+    def _free(self, vg: _Vg, pv: str, pending: list[_Area]) -> int:
+        """Free extents of ``pv``, less those ``pending`` (taken by this same command) hold."""
+        return self._pvs[pv].pe_count - self._used(vg, pv) - sum(a.count for a in pending if a.pv == pv)
+
     def _grow_on(self, vg: _Vg, count: int, allowed: list[str], avoid: set[str], pending: list[_Area]) -> list[_Area] | None:
         """``count`` extents from ``allowed`` PVs (not in ``avoid``), in order; None when they do not fit."""
         areas: list[_Area] = []
         for pv in allowed:
             if pv in avoid or not self._pvs[pv].allocatable or count == 0:
                 continue
-            free = self._pvs[pv].pe_count - self._used(vg, pv) - sum(a.count for a in pending + areas if a.pv == pv)
+            free = self._free(vg, pv, pending + areas)
             take = min(free, count)
             if take > 0:
                 areas += self._take(vg, pv, take, pending + areas)
@@ -602,7 +606,7 @@ class FakeLvm:
             used = {a.pv for sub in images + metas for a in sub.areas}
             for i in range(len(images), mirrors + 1):
                 pv = next((p for p in allowed if p not in used and self._pvs[p].allocatable and
-                           self._pvs[p].pe_count - self._used(vg, p) - sum(a.count for a in pending if a.pv == p)
+                           self._free(vg, p, pending)
                            >= lv.extents + meta), None)
                 if pv is None:
                     return "", f"  Insufficient suitable allocatable extents for logical volume {lv.name}", ECMD_FAILED

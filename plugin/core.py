@@ -24,7 +24,7 @@ from mount import fs as mount_fs
 from mount import ops as mount_ops
 from mount import resize as mount_resize
 from mount import stats as mount_stats
-from mount.table import read_mount_table, shows_device
+from mount.table import MountEntry, MountTable, read_mount_table, shows_device
 from plugin.errors import NotStaged, TopologyUnsatisfiable
 from plugin.pagination import page
 from plugin.settings import PluginSettings
@@ -360,17 +360,20 @@ class Core:
                 if os.stat(volume_path).st_rdev != os.stat(device).st_rdev:
                     raise VolumeNotFound(f"volume {volume_id} is not published at {volume_path}")
                 return size
-            rdev = os.stat(device).st_rdev
             table = read_mount_table()
             for path in (staging_path, volume_path):
-                entry = table.at(os.path.realpath(path)) if path else None
-                if entry is not None and shows_device(entry, rdev):
+                entry = _mount_of(path, device, table) if path else None
+                if entry is not None:
                     mount_resize.grow_filesystem(device, entry.fs_type, self.runner, mount_point=entry.mount_point)
                     return size
             raise VolumeNotFound(f"volume {volume_id} is not published at {volume_path}")
 
 
+def _mount_of(path: str, device: str, table: MountTable | None = None) -> MountEntry | None:
+    """The mount at ``path`` when the file system visible there is the one on ``device``, else None."""
+    entry = (table or read_mount_table()).at(os.path.realpath(path))
+    return entry if entry is not None and shows_device(entry, os.stat(device).st_rdev) else None
+
+
 def _is_mount_of(path: str, device: str) -> bool:
-    """True when the file system visible at ``path`` is the one on ``device``."""
-    entry = read_mount_table().at(os.path.realpath(path))
-    return entry is not None and shows_device(entry, os.stat(device).st_rdev)
+    return _mount_of(path, device) is not None
