@@ -33,6 +33,29 @@ class Condition:
 
 
 @dataclass(frozen=True)
+class ContentSource:
+    """Where a new volume's bytes come from: a snapshot (restore) or another volume (clone)."""
+
+    kind: str  # "snapshot" or "volume"
+    id: str
+
+    SNAPSHOT = "snapshot"
+    VOLUME = "volume"
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A point-in-time copy of a volume, as CSI's Snapshot."""
+
+    id: str
+    source_volume_id: str
+    size: int  # bytes: the source volume's size when the snapshot was taken
+    created_ns: int  # when it was taken, nanoseconds since the epoch
+    ready: bool = True  # False while its content is still being made
+    name: str | None = None  # the CO's name
+
+
+@dataclass(frozen=True)
 class Volume:
     """A volume as the CO sees it.  ``id`` is the LV name (or sandbox volume name)."""
 
@@ -45,6 +68,7 @@ class Volume:
     attributes: Mapping[str, str] = field(default_factory=dict)  # backend facts for volume_context
     # Its health when the backend learnt it while reading the volume: an observation, not part of its identity.
     condition: Condition | None = field(default=None, compare=False)
+    content_source: ContentSource | None = None  # what it was restored or cloned from
 
 
 @dataclass(frozen=True)
@@ -64,15 +88,27 @@ class Backend(Protocol):
     """What the CSI servicers need from storage.  All sizes are bytes."""
 
     kind: str  # "lvm" or "loop"
+    # Whether taking a snapshot makes a mounted file system consistent by itself (device-mapper
+    # suspends, which freezes it); when False, the caller freezes the file system around it.
+    snapshots_quiesce: bool
 
     def probe(self) -> None:
         """Return when usable; raise BackendUnavailable with the reason otherwise."""
 
-    def create_volume(self, name: str, size: SizeRange, profile: Profile) -> Volume:
+    def create_volume(
+        self, name: str, size: SizeRange, profile: Profile, source: ContentSource | None = None
+    ) -> Volume:
         """Create (or return the existing, compatible) volume called ``name``.
 
-        Raises VolumeExists when a volume of that name is incompatible, OutOfRange
-        when no size in ``size`` fits the granularity, the pool or the placement.
+        With ``source``, the new volume holds the source's bytes (restore from a
+        snapshot, clone of a volume), any extra size reading as zeros; it is
+        returned only once its content is complete.  SourceNotFound when the
+        source does not exist; OutOfRange when ``size`` is below the source's.
+
+        Raises VolumeExists when a volume of that name is incompatible (other
+        size, profile or source), OutOfRange when no size in ``size`` fits the
+        granularity, the pool or the placement, PoolExhausted when a thin pool
+        is above its high-water mark.
         """
 
     def delete_volume(self, volume_id: str) -> None:
@@ -104,6 +140,22 @@ class Backend(Protocol):
         InvalidParameters when the change cannot be made in place; OutOfRange
         (nothing changed) when it does not fit; the volume as it now is otherwise.
         """
+
+    def create_snapshot(self, name: str, source_volume_id: str) -> Snapshot:
+        """Snapshot the volume (or return the existing snapshot called ``name`` of that volume).
+
+        SnapshotExists when ``name`` is a snapshot of another volume; SourceNotFound
+        for an unknown source; PoolExhausted / OutOfRange when there is no room.
+        """
+
+    def delete_snapshot(self, snapshot_id: str) -> None:
+        """Remove the snapshot; an unknown id is success."""
+
+    def get_snapshot(self, snapshot_id: str) -> Snapshot:
+        """The snapshot with this id; SnapshotNotFound otherwise."""
+
+    def list_snapshots(self) -> list[Snapshot]:
+        """Every snapshot, sorted by id."""
 
     def capacity(self, profile: Profile) -> Capacity:
         """Exact capacity for ``profile``: CreateVolume of maximum_volume_size succeeds."""

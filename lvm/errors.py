@@ -21,6 +21,26 @@ class VolumeExists(StorageError):
     """A volume of this name exists but is incompatible with the request."""
 
 
+class SnapshotNotFound(VolumeNotFound):
+    """No snapshot with this id exists."""
+
+
+class SourceNotFound(VolumeNotFound):
+    """The snapshot or volume a new volume (or snapshot) is to be made from does not exist."""
+
+
+class SnapshotExists(VolumeExists):
+    """A snapshot of this name exists, of another source volume."""
+
+
+class PoolExhausted(StorageError):
+    """A thin pool (or the sandbox's real space) is above its high-water mark: no new volumes or snapshots."""
+
+
+class VolumeHasSnapshots(StorageError):
+    """The volume cannot be deleted or changed while snapshots of it exist (FAILED_PRECONDITION)."""
+
+
 class OutOfRange(StorageError):
     """No size in the requested range can be allocated (range, pool or placement)."""
 

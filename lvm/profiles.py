@@ -2,7 +2,7 @@
 
 A profile says how a volume is laid out on the physical volumes:
 ``type=linear`` (default), ``type=raid0`` with ``stripes`` and ``stripesize``,
-``type=raid1`` with ``mirrors``.  Mesos disk profiles and Kubernetes
+``type=raid1`` with ``mirrors``, ``type=thin`` in the thin pool ``pool``.  Mesos disk profiles and Kubernetes
 StorageClasses send these keys.
 """
 
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from lvm.errors import InvalidParameters
+from lvm.names import is_valid_lv_name
 from lvm.units import parse_size
 
 # Keys the CO adds on its own (external-provisioner --extra-create-metadata,
@@ -24,16 +25,25 @@ class Layout(str, enum.Enum):
     LINEAR = "linear"
     RAID0 = "raid0"
     RAID1 = "raid1"
+    THIN = "thin"
+
+
+DEFAULT_THIN_POOL = "csilvm-thinpool"
 
 
 @dataclass(frozen=True)
 class Profile:
-    """A volume layout.  ``stripes=None`` on raid0 means "every PV with room"."""
+    """A volume layout.  ``stripes=None`` on raid0 means "every PV with room"; ``pool`` names a thin one's pool."""
 
     layout: Layout = Layout.LINEAR
     stripes: int | None = None
     stripe_size: int | None = None
     mirrors: int = 0
+    pool: str | None = None
+
+    @property
+    def thin(self) -> bool:
+        return self.layout is Layout.THIN
 
     @property
     def min_devices(self) -> int:
@@ -54,6 +64,8 @@ class Profile:
                 params["stripesize"] = str(self.stripe_size)
         if self.layout is Layout.RAID1:
             params["mirrors"] = str(self.mirrors)
+        if self.layout is Layout.THIN:
+            params["pool"] = self.pool or DEFAULT_THIN_POOL
         return params
 
 
@@ -63,6 +75,7 @@ _ALLOWED_KEYS = {
     Layout.LINEAR: {"type"},
     Layout.RAID0: {"type", "stripes", "stripesize"},
     Layout.RAID1: {"type", "mirrors"},
+    Layout.THIN: {"type", "pool"},
 }
 
 
@@ -83,7 +96,7 @@ def parse_profile(parameters: Mapping[str, str]) -> Profile:
     try:
         layout = Layout(type_text.lower())
     except ValueError:
-        raise InvalidParameters(f"unknown volume type {type_text!r}: use linear, raid0 or raid1") from None
+        raise InvalidParameters(f"unknown volume type {type_text!r}: use linear, raid0, raid1 or thin") from None
     unknown = sorted(set(params) - _ALLOWED_KEYS[layout])
     if unknown:
         raise InvalidParameters(
@@ -101,4 +114,9 @@ def parse_profile(parameters: Mapping[str, str]) -> Profile:
     if layout is Layout.RAID1:
         mirrors = _positive_int("mirrors", params["mirrors"], minimum=1) if "mirrors" in params else 1
         return Profile(Layout.RAID1, mirrors=mirrors)
+    if layout is Layout.THIN:
+        pool = params.get("pool", DEFAULT_THIN_POOL)
+        if not is_valid_lv_name(pool):
+            raise InvalidParameters(f"pool={pool!r} is not a valid logical volume name")
+        return Profile(Layout.THIN, pool=pool)
     return LINEAR

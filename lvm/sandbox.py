@@ -53,6 +53,7 @@ from lvm.errors import BackendUnavailable, InvalidParameters, OutOfRange, Volume
 from lvm.loop import LoopDevice, LoopDevices, SystemLoopDevices, devices_backed_by
 from lvm.names import is_valid_lv_name, lv_name_for
 from lvm.profiles import Layout, Profile, parse_profile
+from lvm.thin import ThinPolicy
 from lvm.units import MiB, format_size
 
 log = logging.getLogger(__name__)
@@ -356,6 +357,7 @@ class LoopBackend:
     """
 
     kind = "loop"
+    snapshots_quiesce = False  # a file copy of the image: the caller freezes a mounted file system
 
     def __init__(
         self,
@@ -365,6 +367,7 @@ class LoopBackend:
         granularity: int = MiB,
         *,
         loops: LoopDevices | None = None,
+        thin: ThinPolicy | None = None,
     ):
         if capacity_bytes < 0 or default_size <= 0 or granularity <= 0:
             raise ValueError("capacity_bytes must be >= 0, default_size and granularity > 0")
@@ -374,6 +377,7 @@ class LoopBackend:
         self.default_size = default_size
         self.granularity = granularity
         self.loops: LoopDevices = loops if loops is not None else SystemLoopDevices()
+        self.thin = thin or ThinPolicy()
         self._lock = threading.Lock()
         self._lock_fd: int | None = None
         # What we read of the work dir, valid while _state_key() == _seen.

@@ -7,15 +7,30 @@ from typing import Any, Mapping
 import click
 
 from lvm.command import SubprocessRunner
+from lvm.errors import InvalidParameters
+from lvm.thin import PoolSize, ThinPolicy
 from plugin.core import Core
 from plugin.settings import PluginSettings
 
 
+def thin_policy(options: Mapping[str, Any]) -> ThinPolicy:
+    try:
+        pool_size = options.get("thin_pool_size") or ""
+        return ThinPolicy(
+            overprovision_ratio=options.get("thin_overprovision_ratio", 1.0),
+            full_percent=options.get("thin_pool_full_percent", 95.0),
+            pool_size=PoolSize.parse(pool_size) if pool_size else None,
+        )
+    except InvalidParameters as exc:
+        raise click.UsageError(str(exc)) from None
+
+
 def build_backend(options: Mapping[str, Any], runner: SubprocessRunner):
+    thin = thin_policy(options)
     if options["backend"] == "loop":
         from lvm.sandbox import LoopBackend
 
-        return LoopBackend(options["work_dir"], options["capacity"], options["default_size"])
+        return LoopBackend(options["work_dir"], options["capacity"], options["default_size"], thin=thin)
     if not options.get("volume_group"):
         raise click.UsageError("--backend lvm needs --volume-group")
     from lvm.lvm2 import Lvm2
@@ -23,7 +38,9 @@ def build_backend(options: Mapping[str, Any], runner: SubprocessRunner):
 
     devices = [d for d in (options.get("devices") or "").split(",") if d]
     lvm2 = Lvm2(runner, config=options.get("lvm_config") or None)
-    backend = LvmBackend(options["volume_group"], lvm2, devices=devices or None, default_size=options["default_size"])
+    backend = LvmBackend(
+        options["volume_group"], lvm2, devices=devices or None, default_size=options["default_size"], thin=thin
+    )
     backend.ensure_volume_group()
     return backend
 

@@ -5,7 +5,15 @@ from __future__ import annotations
 from google.protobuf.wrappers_pb2 import Int64Value
 
 from plugin.core import Core
-from plugin.translate import capabilities_from, capability_from, condition_to, size_range_from, volume_to
+from plugin.translate import (
+    capabilities_from,
+    capability_from,
+    condition_to,
+    content_source_from,
+    size_range_from,
+    snapshot_to,
+    volume_to,
+)
 from protos.v1 import csi_pb2 as csi
 from protos.v1 import csi_pb2_grpc
 
@@ -19,6 +27,10 @@ CAPABILITIES = (
     _RPC.GET_VOLUME,
     _RPC.VOLUME_CONDITION,
     _RPC.MODIFY_VOLUME,
+    _RPC.CREATE_DELETE_SNAPSHOT,
+    _RPC.LIST_SNAPSHOTS,
+    _RPC.GET_SNAPSHOT,
+    _RPC.CLONE_VOLUME,
 )
 
 
@@ -35,6 +47,7 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
             dict(request.parameters),
             requisite,
             dict(request.mutable_parameters),
+            content_source_from(request),
         )
         return csi.CreateVolumeResponse(volume=volume_to(volume, self.core))
 
@@ -97,6 +110,26 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
     def ControllerModifyVolume(self, request, context):
         self.core.modify_volume(request.volume_id, dict(request.mutable_parameters))
         return csi.ControllerModifyVolumeResponse()
+
+    def CreateSnapshot(self, request, context):
+        snapshot = self.core.create_snapshot(request.name, request.source_volume_id, dict(request.parameters))
+        return csi.CreateSnapshotResponse(snapshot=snapshot_to(snapshot))
+
+    def DeleteSnapshot(self, request, context):
+        self.core.delete_snapshot(request.snapshot_id)
+        return csi.DeleteSnapshotResponse()
+
+    def ListSnapshots(self, request, context):
+        snapshots, next_token = self.core.list_snapshots(
+            request.max_entries, request.starting_token, request.snapshot_id, request.source_volume_id
+        )
+        return csi.ListSnapshotsResponse(
+            entries=[csi.ListSnapshotsResponse.Entry(snapshot=snapshot_to(s)) for s in snapshots],
+            next_token=next_token,
+        )
+
+    def GetSnapshot(self, request, context):
+        return csi.GetSnapshotResponse(snapshot=snapshot_to(self.core.get_snapshot(request.snapshot_id)))
 
     def ControllerGetCapabilities(self, request, context):
         return csi.ControllerGetCapabilitiesResponse(

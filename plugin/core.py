@@ -15,11 +15,12 @@ import threading
 from dataclasses import dataclass
 from typing import Iterator, Mapping, Sequence
 
-from lvm.backend import Backend, Capacity, Condition, SizeRange, Volume
+from lvm.backend import Backend, Capacity, Condition, ContentSource, SizeRange, Snapshot, Volume
 from lvm.command import Runner
 from lvm.errors import InvalidParameters, VolumeBusy, VolumeNotFound
-from lvm.profiles import parse_profile
+from lvm.profiles import IGNORED_PREFIXES, parse_profile
 from lvm.writer import MutationWriter
+from mount import freeze as mount_freeze
 from mount import fs as mount_fs
 from mount import ops as mount_ops
 from mount import resize as mount_resize
@@ -156,8 +157,13 @@ class Core:
         parameters: Mapping[str, str],
         requisite_topology: Sequence[Mapping[str, str]] = (),
         mutable_parameters: Mapping[str, str] | None = None,
+        content_source: ContentSource | None = None,
     ) -> Volume:
-        """``mutable_parameters`` (CSI 1.11+) take precedence over ``parameters``, as the spec says."""
+        """``mutable_parameters`` (CSI 1.11+) take precedence over ``parameters``, as the spec says.
+
+        With ``content_source`` the volume is a restore of a snapshot or a clone
+        of a volume (a mounted source is frozen while its bytes are taken).
+        """
         if mutable_parameters:
             parameters = {**parameters, **mutable_parameters}
         for cap in capabilities:
@@ -170,7 +176,52 @@ class Core:
                 f"this plugin only provisions on node {self.settings.node_id!r} "
                 f"(topology {self.topology}); none of the requisite segments match"
             )
-        return self._writer.run(self.backend.create_volume, name, size, profile)
+        if content_source is None:
+            return self._writer.run(self.backend.create_volume, name, size, profile)
+        if content_source.kind == ContentSource.VOLUME:
+            with self._volume_locks(content_source.id), self._quiesced(content_source.id):
+                return self._writer.run(self.backend.create_volume, name, size, profile, content_source)
+        return self._writer.run(self.backend.create_volume, name, size, profile, content_source)
+
+    # ---------------------------------------------------------------- snapshots
+    @contextlib.contextmanager
+    def _quiesced(self, volume_id: str) -> Iterator[None]:
+        """Hold the file system of ``volume_id`` still, where it is mounted on this node, while a copy is taken.
+
+        Backends whose snapshots suspend the device (device-mapper) need nothing;
+        for the others the file system is frozen (FIFREEZE), which writes its
+        dirty data and journal out first.
+        """
+        device = None if self.backend.snapshots_quiesce else self.backend.device_of(volume_id)
+        mounts = read_mount_table().of_device(device) if device else []
+        if not mounts:
+            yield
+            return
+        with mount_freeze.frozen(mounts[0].mount_point):
+            yield
+
+    def create_snapshot(self, name: str, source_volume_id: str, parameters: Mapping[str, str]) -> Snapshot:
+        unknown = sorted(k for k in parameters if not k.startswith(IGNORED_PREFIXES))
+        if unknown:
+            raise InvalidParameters(f"unknown snapshot parameter(s) {', '.join(unknown)}: csilvm takes none")
+        with self._volume_locks(source_volume_id), self._quiesced(source_volume_id):
+            return self._writer.run(self.backend.create_snapshot, name, source_volume_id)
+
+    def delete_snapshot(self, snapshot_id: str) -> None:
+        self._writer.run(self.backend.delete_snapshot, snapshot_id)
+
+    def get_snapshot(self, snapshot_id: str) -> Snapshot:
+        return self.backend.get_snapshot(snapshot_id)
+
+    def list_snapshots(
+        self, max_entries: int, starting_token: str, snapshot_id: str = "", source_volume_id: str = ""
+    ) -> tuple[list[Snapshot], str]:
+        """A page of snapshots, filtered by id and/or source volume (no match: an empty page, as the spec says)."""
+        snapshots = [
+            s for s in self.backend.list_snapshots()
+            if (not snapshot_id or s.id == snapshot_id) and (not source_volume_id or s.source_volume_id == source_volume_id)
+        ]
+        return page(snapshots, max_entries, starting_token, key=lambda s: s.id)
 
     def expand_volume(self, volume_id: str, size: SizeRange, capability: Capability | None) -> tuple[int, bool]:
         """Grow the volume; returns (its size, whether NodeExpandVolume must grow a file system on it)."""

@@ -29,6 +29,8 @@ _CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (storage.VolumeNotFound, grpc.StatusCode.NOT_FOUND),
     (storage.VolumeExists, grpc.StatusCode.ALREADY_EXISTS),
     (TopologyUnsatisfiable, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (storage.PoolExhausted, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (storage.VolumeHasSnapshots, grpc.StatusCode.FAILED_PRECONDITION),
     (storage.OutOfRange, grpc.StatusCode.OUT_OF_RANGE),
     (BadToken, grpc.StatusCode.ABORTED),
     (NotStaged, grpc.StatusCode.FAILED_PRECONDITION),

@@ -59,7 +59,18 @@ def create_volume(req: csi.CreateVolumeRequest) -> None:
     _check_capabilities(req.volume_capabilities)
     _check_capacity_range(req.capacity_range)
     if req.HasField("volume_content_source"):
-        raise RequestInvalid("volume_content_source is not supported: csilvm creates empty volumes only")
+        check_content_source(req.volume_content_source)
+
+
+def check_content_source(source, snapshot_id_field: str = "snapshot_id") -> None:
+    """A content source names a snapshot or a volume, by a non-empty id (v0 calls the snapshot's ``id``)."""
+    kind = source.WhichOneof("type")
+    if kind is None:
+        raise RequestInvalid("volume_content_source names neither a snapshot nor a volume")
+    if kind == "snapshot":
+        require(getattr(source.snapshot, snapshot_id_field), f"volume_content_source.snapshot.{snapshot_id_field}")
+    else:
+        require(source.volume.volume_id, "volume_content_source.volume.volume_id")
 
 
 @_rpc("Controller", "DeleteVolume")
@@ -75,6 +86,28 @@ def validate_volume_capabilities(req: csi.ValidateVolumeCapabilitiesRequest) -> 
 
 @_rpc("Controller", "ListVolumes")
 def list_volumes(req: csi.ListVolumesRequest) -> None:
+    if req.max_entries < 0:
+        raise RequestInvalid(f"max_entries must not be negative, got {req.max_entries}")
+
+
+@_rpc("Controller", "CreateSnapshot")
+def create_snapshot(req: csi.CreateSnapshotRequest) -> None:
+    require(req.source_volume_id, "source_volume_id")
+    require(req.name, "name")
+
+
+@_rpc("Controller", "DeleteSnapshot")
+def delete_snapshot(req: csi.DeleteSnapshotRequest) -> None:
+    require(req.snapshot_id, "snapshot_id")
+
+
+@_rpc("Controller", "GetSnapshot")
+def get_snapshot(req: csi.GetSnapshotRequest) -> None:
+    require(req.snapshot_id, "snapshot_id")
+
+
+@_rpc("Controller", "ListSnapshots")
+def list_snapshots(req: csi.ListSnapshotsRequest) -> None:
     if req.max_entries < 0:
         raise RequestInvalid(f"max_entries must not be negative, got {req.max_entries}")
 

@@ -1,19 +1,25 @@
 """CSI v0 Controller service: translation only; the work is in Core and the backend.
 
-ControllerPublish/Unpublish and the snapshot RPCs are not offered (not in the
-capabilities) and answer UNIMPLEMENTED.
+ControllerPublish/Unpublish are not offered (not in the capabilities) and
+answer UNIMPLEMENTED.  Snapshots run on the same Core as v1's.
 """
 
 from __future__ import annotations
 
 from plugin.core import Core
 from plugin.translate import capabilities_from, size_range_from
-from plugin.v0.translate import volume_to
+from plugin.v0.translate import content_source_from, snapshot_to, volume_to
 from protos.v0 import csi_pb2 as csi
 from protos.v0 import csi_pb2_grpc
 
 _RPC = csi.ControllerServiceCapability.RPC
-CAPABILITIES = (_RPC.CREATE_DELETE_VOLUME, _RPC.LIST_VOLUMES, _RPC.GET_CAPACITY)
+CAPABILITIES = (
+    _RPC.CREATE_DELETE_VOLUME,
+    _RPC.LIST_VOLUMES,
+    _RPC.GET_CAPACITY,
+    _RPC.CREATE_DELETE_SNAPSHOT,
+    _RPC.LIST_SNAPSHOTS,
+)
 
 
 class ControllerServicer(csi_pb2_grpc.ControllerServicer):
@@ -28,6 +34,7 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
             capabilities_from(request.volume_capabilities),
             dict(request.parameters),
             requisite,
+            content_source=content_source_from(request),
         )
         return csi.CreateVolumeResponse(volume=volume_to(volume, self.core))
 
@@ -53,6 +60,23 @@ class ControllerServicer(csi_pb2_grpc.ControllerServicer):
         topology = dict(request.accessible_topology.segments) if request.HasField("accessible_topology") else None
         capacity = self.core.capacity(dict(request.parameters), capabilities_from(request.volume_capabilities), topology)
         return csi.GetCapacityResponse(available_capacity=capacity.available)
+
+    def CreateSnapshot(self, request, context):
+        snapshot = self.core.create_snapshot(request.name, request.source_volume_id, dict(request.parameters))
+        return csi.CreateSnapshotResponse(snapshot=snapshot_to(snapshot))
+
+    def DeleteSnapshot(self, request, context):
+        self.core.delete_snapshot(request.snapshot_id)
+        return csi.DeleteSnapshotResponse()
+
+    def ListSnapshots(self, request, context):
+        snapshots, next_token = self.core.list_snapshots(
+            request.max_entries, request.starting_token, request.snapshot_id, request.source_volume_id
+        )
+        return csi.ListSnapshotsResponse(
+            entries=[csi.ListSnapshotsResponse.Entry(snapshot=snapshot_to(s)) for s in snapshots],
+            next_token=next_token,
+        )
 
     def ControllerGetCapabilities(self, request, context):
         return csi.ControllerGetCapabilitiesResponse(

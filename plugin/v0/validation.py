@@ -17,10 +17,12 @@ Validator = Callable[[object], None]
 
 # (service, method) whose v1 validator applies unchanged to the v0 request.
 SHARED_WITH_V1 = (
-    ("Controller", "CreateVolume"),
     ("Controller", "DeleteVolume"),
     ("Controller", "ValidateVolumeCapabilities"),
     ("Controller", "ListVolumes"),
+    ("Controller", "CreateSnapshot"),
+    ("Controller", "DeleteSnapshot"),
+    ("Controller", "ListSnapshots"),
     ("Node", "NodeStageVolume"),
     ("Node", "NodeUnstageVolume"),
     ("Node", "NodePublishVolume"),
@@ -34,3 +36,15 @@ def rekeyed(package: str, methods: Iterable[tuple[str, str]]) -> dict[str, Valid
 
 
 VALIDATORS: dict[str, Validator] = rekeyed("csi.v0", SHARED_WITH_V1)
+
+
+def create_volume(req) -> None:
+    """v1's checks, but v0.3's content source names its snapshot by ``id``."""
+    v1.require(req.name, "name")
+    v1._check_capabilities(req.volume_capabilities)
+    v1._check_capacity_range(req.capacity_range)
+    if req.HasField("volume_content_source"):
+        v1.check_content_source(req.volume_content_source, snapshot_id_field="id")
+
+
+VALIDATORS["/csi.v0.Controller/CreateVolume"] = create_volume
