@@ -92,16 +92,43 @@ class CsiClient:
             if not token:
                 return volumes
 
-    def create(self, name: str, required: int = 0, limit: int = 0, parameters=None, block=False, fs_type=""):
-        return self.controller.CreateVolume(
-            csi.CreateVolumeRequest(
-                name=name,
-                capacity_range=csi.CapacityRange(required_bytes=required, limit_bytes=limit),
-                volume_capabilities=[volume_capability(block=block, fs_type=fs_type)],
-                parameters=dict(parameters or {}),
+    def create(
+        self, name: str, required: int = 0, limit: int = 0, parameters=None, block=False, fs_type="",
+        from_snapshot: str = "", from_volume: str = "",
+    ):
+        """CreateVolume; ``from_snapshot`` restores a snapshot, ``from_volume`` clones a volume."""
+        request = csi.CreateVolumeRequest(
+            name=name,
+            capacity_range=csi.CapacityRange(required_bytes=required, limit_bytes=limit),
+            volume_capabilities=[volume_capability(block=block, fs_type=fs_type)],
+            parameters=dict(parameters or {}),
+        )
+        if from_snapshot:
+            request.volume_content_source.snapshot.snapshot_id = from_snapshot
+        elif from_volume:
+            request.volume_content_source.volume.volume_id = from_volume
+        return self.controller.CreateVolume(request, timeout=self.timeout).volume
+
+    def snapshot(self, name: str, source_volume_id: str, parameters=None):
+        return self.controller.CreateSnapshot(
+            csi.CreateSnapshotRequest(name=name, source_volume_id=source_volume_id, parameters=dict(parameters or {})),
+            timeout=self.timeout,
+        ).snapshot
+
+    def delete_snapshot(self, snapshot_id: str):
+        return self.controller.DeleteSnapshot(csi.DeleteSnapshotRequest(snapshot_id=snapshot_id), timeout=self.timeout)
+
+    def get_snapshot(self, snapshot_id: str):
+        return self.controller.GetSnapshot(csi.GetSnapshotRequest(snapshot_id=snapshot_id), timeout=self.timeout).snapshot
+
+    def list_snapshots(self, max_entries: int = 0, starting_token: str = "", snapshot_id: str = "", source_volume_id: str = ""):
+        return self.controller.ListSnapshots(
+            csi.ListSnapshotsRequest(
+                max_entries=max_entries, starting_token=starting_token,
+                snapshot_id=snapshot_id, source_volume_id=source_volume_id,
             ),
             timeout=self.timeout,
-        ).volume
+        )
 
     def delete(self, volume_id: str):
         return self.controller.DeleteVolume(csi.DeleteVolumeRequest(volume_id=volume_id), timeout=self.timeout)
