@@ -204,3 +204,19 @@ def expansion_target(current: int, size: SizeRange, granularity: int) -> int:
             f"ask for a range that contains one"
         )
     return chosen
+
+
+def restore_range(size: SizeRange, source_size: int) -> SizeRange:
+    """The size range of a restore or clone of a ``source_size`` source: at least the source
+    (the spec's OUT_OF_RANGE for a smaller one), the source's size when no size is asked for."""
+    if size.required and size.required < source_size:
+        raise OutOfRange(
+            f"required_bytes {size.required} is below the source's size {source_size}: "
+            f"a restored or cloned volume is at least as large as its source"
+        )
+    if size.limit and size.limit < source_size:
+        raise OutOfRange(
+            f"limit_bytes {size.limit} is below the source's size {source_size}: "
+            f"a restored or cloned volume is at least as large as its source"
+        )
+    return SizeRange(size.required or source_size, size.limit)

@@ -31,6 +31,7 @@ from lvm.errors import (
     VolumeBusy,
     VolumeExists,
     VolumeGroupDegraded,
+    VolumeHasSnapshots,
     VolumeNotFound,
 )
 from lvm.report import Report, parse_fullreport
@@ -64,6 +65,7 @@ _RULES: tuple[tuple[re.Pattern[str], type[StorageError]], ...] = tuple(
         (r"volume group \S+ not found|cannot process volume group", VolumeGroupNotFound),
         (r"device-mapper target\(s\) not detected|failure to communicate with kernel device-mapper|"
          r"/dev/mapper/control: open failed|device-mapper driver", BackendUnavailable),
+        (r"snapshot origin volumes can be resized only while inactive|has snapshots", VolumeHasSnapshots),
         (r"\bin use\b|can't remove open logical volume|\bis open\b|device or resource busy", VolumeBusy),
     )
 )
@@ -175,6 +177,51 @@ class Lvm2:
         for tag in tags:
             args += ["--addtag", tag]
         self.run("lvcreate", [*args, *layout_args, "--", vg_name, *pvs], timeout=self.mutation_timeout)
+
+    def lvcreate_thin_pool(self, vg_name: str, pool: str, extents: int, *, tags: Sequence[str] = ()) -> None:
+        """A thin pool of ``extents`` data extents; lvm2 sizes its metadata LV (and the spare) by its own rules."""
+        args = ["--yes", "--type", "thin-pool", "-n", pool, "-l", str(extents)]
+        for tag in tags:
+            args += ["--addtag", tag]
+        self.run("lvcreate", [*args, "--", vg_name], timeout=self.mutation_timeout)
+
+    def lvcreate_thin(self, vg_name: str, lv_name: str, size: int, pool: str, *, tags: Sequence[str] = ()) -> None:
+        """A thin LV of ``size`` bytes of virtual size in ``pool``."""
+        args = ["--yes", "--wipesignatures", "y", "-n", lv_name, "-V", f"{size}b", "--thinpool", pool]
+        for tag in tags:
+            args += ["--addtag", tag]
+        self.run("lvcreate", [*args, "--", vg_name], timeout=self.mutation_timeout)
+
+    def lvcreate_snapshot(
+        self,
+        vg_name: str,
+        lv_name: str,
+        origin: str,
+        *,
+        cow_extents: int | None = None,
+        writable: bool = False,
+        tags: Sequence[str] = (),
+    ) -> None:
+        """A snapshot of ``vg/origin``: thin when ``cow_extents`` is None (the origin must be thin),
+        else a COW snapshot with that many extents of exception store.
+
+        A writable thin snapshot (a restore) is made without the activation-skip
+        flag, so it is active like any volume; a read-only one (a CSI snapshot)
+        keeps lvm2's default skip flag and stays inactive until it is read.
+        """
+        args = ["--yes", "-s", "-n", lv_name, "--permission", "rw" if writable else "r"]
+        if cow_extents is not None:
+            args += ["-l", str(cow_extents)]
+        elif writable:
+            args += ["--setactivationskip", "n", "--activate", "y"]
+        for tag in tags:
+            args += ["--addtag", tag]
+        self.run("lvcreate", [*args, "--", f"{vg_name}/{origin}"], timeout=self.mutation_timeout)
+
+    def lvchange_activate(self, vg_name: str, lv_name: str, active: bool) -> None:
+        """Activate (ignoring the activation-skip flag of thin snapshots) or deactivate ``vg/lv``."""
+        args = ["--activate", "y", "--ignoreactivationskip"] if active else ["--activate", "n"]
+        self.run("lvchange", [*args, "--", f"{vg_name}/{lv_name}"], timeout=self.mutation_timeout)
 
     def lvremove(self, vg_name: str, lv_name: str) -> None:
         self.run("lvremove", ["--yes", "--", f"{vg_name}/{lv_name}"], timeout=self.mutation_timeout)

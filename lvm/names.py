@@ -54,6 +54,18 @@ def lv_name_for(co_name: str) -> str:
     return f"{base[: MAX_LV_NAME - len(digest) - 1]}-{digest}"
 
 
+SNAPSHOT_PREFIX = "snap."
+
+
+def snapshot_lv_name_for(co_name: str) -> str:
+    """The LV name of a CSI snapshot: ``snap.`` and the CO's name, mapped like a volume's name.
+
+    (Kubernetes names snapshots ``snapshot-<uuid>``, and lvm2 reserves names
+    beginning with "snapshot"; the prefix also keeps snapshots apart from volumes.)
+    """
+    return lv_name_for(SNAPSHOT_PREFIX + co_name)
+
+
 def name_tag(co_name: str) -> str:
     """The LV tag that records the CO's name, escaped to lvm2's tag alphabet (``+XX`` per byte)."""
     escaped = "".join(

@@ -75,6 +75,23 @@ class LogicalVolumeInfo:
     sync_action: str = ""  # raid: idle, resync, recover, check, repair, frozen, reshape
     mismatches: int = 0  # raid: mismatches found by the last check
     images_out_of_sync: tuple[str, ...] = ()  # raid images lvm2 marks out of sync ("I")
+    origin: str = ""  # a snapshot's (COW or thin) origin LV
+    pool_lv: str = ""  # a thin LV's pool
+    data_percent: float | None = None  # thin pool / thin LV: data fill; COW snapshot: COW fill
+    metadata_percent: float | None = None  # thin pool: metadata fill
+    snapshot_invalid: bool = False  # a COW snapshot that overflowed or failed: its data is gone
+
+    @property
+    def is_thin_pool(self) -> bool:
+        return self.segtype == "thin-pool"
+
+    @property
+    def is_thin(self) -> bool:
+        return self.segtype == "thin"
+
+    @property
+    def is_cow_snapshot(self) -> bool:
+        return self.segtype == "snapshot"
 
     @property
     def pvs(self) -> tuple[str, ...]:
@@ -102,6 +119,12 @@ class Report:
             if lv.name == name:
                 return lv
         return None
+
+    def thin_lvs_of(self, pool: str) -> list[LogicalVolumeInfo]:
+        return [lv for lv in self.lvs if lv.is_thin and lv.pool_lv == pool]
+
+    def cow_snapshots_of(self, origin: str) -> list[LogicalVolumeInfo]:
+        return [lv for lv in self.lvs if lv.is_cow_snapshot and lv.origin == origin]
 
     def free_extents_by_pv(self) -> dict[str, int]:
         """Free extents of each PV that new extents may go to (allocatable, present)."""
@@ -261,4 +284,9 @@ def _parse_lv(
         sync_action=record.get("raid_sync_action", "") or "",
         mismatches=_int(record, "raid_mismatch_count"),
         images_out_of_sync=tuple(i for i in images if attr_by_name.get(i, "")[:1] == "I"),
+        origin=(record.get("origin") or "").strip("[]"),
+        pool_lv=(record.get("pool_lv") or "").strip("[]"),
+        data_percent=_percent(record.get("data_percent")),
+        metadata_percent=_percent(record.get("metadata_percent")),
+        snapshot_invalid=record.get("lv_snapshot_invalid") == "snapshot invalid",
     )

@@ -15,25 +15,43 @@ import os
 import platform
 import re
 import threading
+import time
 from typing import Callable, Mapping, Sequence
 
 from lvm import capacity as capacity_model
 from lvm import names
+from lvm import thin as thin_model
+from lvm.copy import copy_device
 from lvm.attr import Health, State
-from lvm.backend import Capacity, Condition, SizeRange, Volume, choose_size, expansion_target
+from lvm.backend import (
+    Capacity,
+    Condition,
+    ContentSource,
+    SizeRange,
+    Snapshot,
+    Volume,
+    choose_size,
+    expansion_target,
+    restore_range,
+)
 from lvm.errors import (
     BackendUnavailable,
     CommandFailed,
     InvalidParameters,
     OutOfRange,
+    PoolExhausted,
+    SnapshotExists,
+    SnapshotNotFound,
+    SourceNotFound,
     StorageError,
     VolumeBusy,
     VolumeExists,
     VolumeGroupDegraded,
+    VolumeHasSnapshots,
     VolumeNotFound,
 )
 from lvm.lvm2 import Lvm2, VolumeGroupNotFound
-from lvm.profiles import Layout, Profile, parse_profile
+from lvm.profiles import DEFAULT_THIN_POOL, Layout, Profile, parse_profile
 from lvm.report import LogicalVolumeInfo, Report
 from lvm.single_flight import SingleFlight
 from lvm.units import GiB, MiB, format_size
@@ -42,6 +60,14 @@ log = logging.getLogger(__name__)
 
 VG_TAG = "csilvm"
 PROFILE_TAG_PREFIX = "csilvm.profile."
+POOL_TAG = "csilvm.pool"  # a thin pool csilvm created (and so may one day grow or remove)
+SNAPSHOT_TAG = "csilvm.snapshot"  # the LV is a CSI snapshot, not a volume
+SOURCE_TAG_PREFIX = "csilvm.source."  # a snapshot's source volume id
+SIZE_TAG_PREFIX = "csilvm.size."  # a snapshot's size: its source's size when taken
+CREATED_TAG_PREFIX = "csilvm.created."  # a snapshot's creation time, ns since the epoch
+FROM_TAG_PREFIX = "csilvm.from."  # a restored or cloned volume's source: csilvm.from.<kind>.<id>
+INCOMPLETE_TAG = "csilvm.incomplete"  # its content is still being copied: not usable yet
+TEMPORARY_TAG = "csilvm.temporary"  # a point-in-time source of a clone being made
 WIPE_BYTES = MiB
 # lvm2's LV name alphabet; ids outside it never reach an lvm2 command line.
 _LV_ID = re.compile(r"^[A-Za-z0-9+_.][A-Za-z0-9+_.-]{0,126}$")
@@ -130,6 +156,8 @@ def profile_from_tags(tags: Sequence[str]) -> Profile | None:
             )
         if layout is Layout.RAID1:
             return Profile(Layout.RAID1, mirrors=int(params.get("mirrors", "1")))
+        if layout is Layout.THIN:
+            return Profile(Layout.THIN, pool=params.get("pool", DEFAULT_THIN_POOL))
         return Profile()
     except ValueError:
         return None
@@ -139,6 +167,8 @@ def derived_profile(lv: LogicalVolumeInfo) -> Profile | None:
     """The profile an LV's segments amount to, for LVs csilvm did not tag."""
     if len(set(lv.segtypes)) > 1:
         return None
+    if lv.is_thin:
+        return Profile(Layout.THIN, pool=lv.pool_lv)
     if lv.segtype == "linear" or (lv.segtype == "striped" and lv.stripes == 1):
         return Profile()
     if lv.segtype in ("striped", "raid0"):
@@ -211,10 +241,67 @@ def lv_condition(vg_name: str, lv: LogicalVolumeInfo, report: Report) -> Conditi
     return Condition()
 
 
+def is_snapshot(lv: LogicalVolumeInfo) -> bool:
+    return SNAPSHOT_TAG in lv.tags
+
+
+def is_volume(lv: LogicalVolumeInfo) -> bool:
+    """Whether the LV is a volume: not a thin pool, nor one of csilvm's snapshots or temporary LVs."""
+    return not lv.is_thin_pool and SNAPSHOT_TAG not in lv.tags and TEMPORARY_TAG not in lv.tags
+
+
+def tag_value(tags: Sequence[str], prefix: str) -> str | None:
+    for tag in tags:
+        if tag.startswith(prefix):
+            return tag[len(prefix):]
+    return None
+
+
+def content_source_of(lv: LogicalVolumeInfo) -> ContentSource | None:
+    recorded = tag_value(lv.tags, FROM_TAG_PREFIX)
+    if recorded is None:
+        return None
+    kind, _, source_id = recorded.partition(".")
+    return ContentSource(kind, source_id)
+
+
+def content_source_tag(source: ContentSource) -> str:
+    return f"{FROM_TAG_PREFIX}{source.kind}.{source.id}"
+
+
+def thin_pool_metadata_extents(data_extents: int, extent_size: int) -> int:
+    """lvm2's estimate of a new thin pool's metadata LV: 64 bytes per 64 KiB chunk, at least 2 MiB."""
+    metadata = max(2 * MiB, data_extents * extent_size // (64 * 1024) * 64)
+    return -(-metadata // extent_size)
+
+
+def cow_extents_for(origin_extents: int) -> int:
+    """COW store extents that a snapshot of ``origin_extents`` can never overflow.
+
+    A snapshot's exception store holds each changed 4 KiB chunk plus 16 bytes
+    of index per chunk (a 4 KiB index chunk per 256 data chunks) and a header
+    chunk: less than 1/128 more than the origin, plus one extent.  lvm2 cuts a
+    request above what the origin can ever need down to that maximum.
+    """
+    return origin_extents + -(-origin_extents // 128) + 1
+
+
 class LvmBackend:
-    """A Backend over one LVM volume group; see lvm/backend.py for the contract."""
+    """A Backend over one LVM volume group; see lvm/backend.py for the contract.
+
+    Thin volumes (``type=thin``) live in a thin pool of the VG, which csilvm
+    creates on first use when the operator set its size, or adopts.  Snapshots
+    are LVs tagged ``csilvm.snapshot`` with their source, size and creation
+    time in tags: thin snapshots of thin volumes (instant, sharing blocks), and
+    for thick volumes COW snapshots whose exception store is as large as the
+    origin, so that they can never overflow (see README, "Snapshots").
+    Restores and clones of thin sources into the same pool are thin snapshots
+    too; every other restore or clone is a new LV plus a block copy, tagged
+    ``csilvm.incomplete`` until the copy is complete.
+    """
 
     kind = "lvm"
+    snapshots_quiesce = True  # lvcreate -s suspends the origin, which freezes a mounted file system
 
     def __init__(
         self,
@@ -226,8 +313,12 @@ class LvmBackend:
         wipe: Callable[[str], None] = wipe_device_ends,
         raid_supported: Callable[[], bool] = raid_supported_by_kernel,
         region_size: int = capacity_model.DEFAULT_REGION_SIZE,
+        thin: thin_model.ThinPolicy | None = None,
+        copy: Callable[..., None] = copy_device,
     ):
         self.vg_name = vg_name
+        self.thin = thin or thin_model.ThinPolicy()
+        self.copy = copy
         self.lvm2 = lvm2
         self.devices = list(devices) if devices else None
         self.default_size = default_size
@@ -312,12 +403,31 @@ class LvmBackend:
                 "lv_attr": lv.attr.raw,
                 "tags": ",".join(lv.tags),
             },
-            condition=lv_condition(self.vg_name, lv, report),
+            condition=self._condition(lv, report),
+            content_source=content_source_of(lv),
         )
+
+    def _condition(self, lv: LogicalVolumeInfo, report: Report) -> Condition:
+        if INCOMPLETE_TAG in lv.tags:
+            source = content_source_of(lv)
+            what = f"the {source.kind} {source.id}" if source else "its source"
+            return Condition.problem(
+                f"volume {lv.name} is incomplete: its content is being copied from {what}, or the copy was "
+                f"interrupted; CreateVolume with the same name finishes it (DeleteVolume drops it)"
+            )
+        condition = lv_condition(self.vg_name, lv, report)
+        if condition.abnormal or not lv.is_thin:
+            return condition
+        pool = report.lv(lv.pool_lv)
+        if pool is not None and self._pool_full(pool):
+            return Condition.problem(
+                f"{self._fill_message(pool)}; writes to logical volume {self.vg_name}/{lv.name} fail once it is 100% full"
+            )
+        return condition
 
     def list_volumes(self) -> list[Volume]:
         report = self.lvm2.report(self.vg_name)
-        return sorted((self._volume(lv, report) for lv in report.lvs), key=lambda v: v.id)
+        return sorted((self._volume(lv, report) for lv in report.lvs if is_volume(lv)), key=lambda v: v.id)
 
     def get_volume(self, volume_id: str) -> Volume:
         report = self.lvm2.report(self.vg_name)
@@ -331,44 +441,50 @@ class LvmBackend:
         report = self.lvm2.report(self.vg_name)
         if missing_pvs_message(self.vg_name, report):
             return Capacity.none()  # lvm2 refuses every create until the VG is whole
+        if profile.thin:
+            available = self._thin_admissible(report, profile.pool or DEFAULT_THIN_POOL)
+            extent_size = report.vg.extent_size
+            available = available // extent_size * extent_size
+            return Capacity(available, available, extent_size) if available else Capacity.none()
         if profile.layout is not Layout.LINEAR and not self.raid_supported():
             return Capacity.none()
         return capacity_model.capacity(report.free_extents_by_pv(), report.vg.extent_size, profile, self.region_size)
 
     # -- mutations --------------------------------------------------------------
 
-    def create_volume(self, name: str, size: SizeRange, profile: Profile) -> Volume:
+    def create_volume(
+        self, name: str, size: SizeRange, profile: Profile, source: ContentSource | None = None
+    ) -> Volume:
         lv_name = names.lv_name_for(name)
         with self._mutation_lock:
             report = self.lvm2.report(self.vg_name)
             existing = report.lv(lv_name)
             if existing is not None:
-                return self._existing(existing, report, name, size, profile)
+                lv = self._existing(existing, name, size, profile, source)
+                if INCOMPLETE_TAG in lv.tags:
+                    return self._populate(report, lv, size, source)
+                return self._volume(lv, report)
             self._refuse_degraded(report)
-            if profile.layout is not Layout.LINEAR and not self.raid_supported():
-                raise OutOfRange(
-                    f"type={profile.layout.value} needs the kernel's dm-raid target, which this node lacks: "
-                    f"use type=linear or load dm_raid"
-                )
-            free = report.free_extents_by_pv()
-            extent_size = report.vg.extent_size
-            granularity = capacity_model.granularity_extents(profile, free)
-            if granularity is None:
-                raise OutOfRange(
-                    f"a {capacity_model.describe(profile)} volume needs {profile.min_devices} physical volumes "
-                    f'with free space; volume group "{self.vg_name}" has {sum(1 for n in free.values() if n)}'
-                )
-            chosen = choose_size(size, granularity * extent_size, self.default_size)
-            where = capacity_model.placement(free, extent_size, profile, chosen, self.region_size)
-            tags = tuple(sorted({names.name_tag(name), *profile_tags(profile)}))
-            self.lvm2.lvcreate(
-                self.vg_name, lv_name, where.extents, layout_args=self._layout_args(profile, where),
-                tags=tags, pvs=where.pvs,
-            )
-        segtype = profile.layout.value
+            tags = {names.name_tag(name), *profile_tags(profile)}
+            if source is not None:
+                source_lv, source_size = self._source_lv(report, source)
+                tags |= {content_source_tag(source), INCOMPLETE_TAG}
+                size = restore_range(size, source_size)
+                if profile.thin and source_lv.is_thin and source_lv.pool_lv == profile.pool:
+                    # Thin from thin in the same pool: a writable thin snapshot, grown by _populate if asked.
+                    pool = self._thin_pool_or_refuse(report, profile.pool or DEFAULT_THIN_POOL)
+                    chosen = choose_size(size, report.vg.extent_size, source_size)
+                    self._admit_thin(report, pool, chosen)
+                    self.lvm2.lvcreate_snapshot(self.vg_name, lv_name, source_lv.name, writable=True, tags=sorted(tags))
+                else:
+                    self._create_lv(report, lv_name, size, profile, tuple(sorted(tags)), default=source_size)
+                report = self.lvm2.report(self.vg_name)
+                return self._populate(report, self._lv_or_not_found(report, lv_name), size, source)
+            chosen, extent_size = self._create_lv(report, lv_name, size, profile, tuple(sorted(tags)), self.default_size)
+        tags = tuple(sorted(tags))
         return Volume(
             id=lv_name,
-            size=where.extents * extent_size,
+            size=chosen,
             device=f"/dev/{self.vg_name}/{lv_name}",
             name=name,
             profile=profile,
@@ -376,12 +492,42 @@ class LvmBackend:
             attributes={
                 "vg": self.vg_name,
                 "lv_name": lv_name,
-                "segtype": segtype,
+                "segtype": "thin" if profile.thin else profile.layout.value,
                 # What lvm2 reports for a freshly created, active, unopened LV.
-                "lv_attr": "rwi-a-r---" if profile.layout is not Layout.LINEAR else "-wi-a-----",
+                "lv_attr": {Layout.LINEAR: "-wi-a-----", Layout.THIN: "Vwi-a-tz--"}.get(profile.layout, "rwi-a-r---"),
                 "tags": ",".join(tags),
             },
         )
+
+    def _create_lv(
+        self, report: Report, lv_name: str, size: SizeRange, profile: Profile, tags: tuple[str, ...], default: int
+    ) -> tuple[int, int]:
+        """lvcreate an LV of ``profile`` in ``size`` (``default`` when unset); returns (its size, the extent size)."""
+        extent_size = report.vg.extent_size
+        if profile.thin:
+            report, pool = self._ensure_pool(report, profile.pool or DEFAULT_THIN_POOL)
+            chosen = choose_size(size, extent_size, default)
+            self._admit_thin(report, pool, chosen)
+            self.lvm2.lvcreate_thin(self.vg_name, lv_name, chosen, pool.name, tags=tags)
+            return chosen, extent_size
+        if profile.layout is not Layout.LINEAR and not self.raid_supported():
+            raise OutOfRange(
+                f"type={profile.layout.value} needs the kernel's dm-raid target, which this node lacks: "
+                f"use type=linear or load dm_raid"
+            )
+        free = report.free_extents_by_pv()
+        granularity = capacity_model.granularity_extents(profile, free)
+        if granularity is None:
+            raise OutOfRange(
+                f"a {capacity_model.describe(profile)} volume needs {profile.min_devices} physical volumes "
+                f'with free space; volume group "{self.vg_name}" has {sum(1 for n in free.values() if n)}'
+            )
+        chosen = choose_size(size, granularity * extent_size, default)
+        where = capacity_model.placement(free, extent_size, profile, chosen, self.region_size)
+        self.lvm2.lvcreate(
+            self.vg_name, lv_name, where.extents, layout_args=self._layout_args(profile, where), tags=tags, pvs=where.pvs,
+        )
+        return where.extents * extent_size, extent_size
 
     @staticmethod
     def _layout_args(profile: Profile, where: capacity_model.Placement) -> list[str]:
@@ -394,13 +540,23 @@ class LvmBackend:
             return ["--type", "raid1", "-m", str(profile.mirrors)]
         return ["--type", "linear"]
 
-    def _existing(self, lv: LogicalVolumeInfo, report: Report, name: str, size: SizeRange, profile: Profile) -> Volume:
+    def _existing(
+        self, lv: LogicalVolumeInfo, name: str, size: SizeRange, profile: Profile, source: ContentSource | None
+    ) -> LogicalVolumeInfo:
         """The existing LV when it is what was asked for (a retried CreateVolume); VolumeExists otherwise."""
         owner = names.name_from_tags(lv.tags)
-        if owner != name:
+        if not is_volume(lv) or owner != name:
             whose = f'volume "{owner}"' if owner is not None else "no csilvm volume (it was made by hand)"
+            if is_snapshot(lv):
+                whose = f'snapshot "{owner}"'
             raise VolumeExists(f'logical volume "{lv.name}" already exists and belongs to {whose}')
-        if not size.admits(lv.size):
+        have_source = content_source_of(lv)
+        if have_source != source:
+            def said(s: ContentSource | None) -> str:
+                return f"the {s.kind} {s.id}" if s else "no content source"
+            raise VolumeExists(f'volume "{name}" exists with content from {said(have_source)}, not {said(source)}')
+        # An incomplete thin restore may still be smaller than asked: _populate grows it.
+        if INCOMPLETE_TAG not in lv.tags and not size.admits(lv.size):
             raise VolumeExists(
                 f'volume "{name}" exists with {format_size(lv.size)} ({lv.size} bytes), outside the requested '
                 f"range required={size.required} limit={size.limit}"
@@ -411,7 +567,234 @@ class LvmBackend:
             raise VolumeExists(
                 f'volume "{name}" exists as {described}, not {capacity_model.describe(profile)}'
             )
-        return self._volume(lv, report)
+        return lv
+
+    # -- restores and clones ------------------------------------------------------
+
+    def _source_lv(self, report: Report, source: ContentSource) -> tuple[LogicalVolumeInfo, int]:
+        """The LV a restore or clone reads, and the source's size; SourceNotFound when there is none."""
+        lv = report.lv(source.id) if is_lv_id(source.id) else None
+        if source.kind == ContentSource.SNAPSHOT:
+            if lv is None or not is_snapshot(lv):
+                raise SourceNotFound(f'no snapshot "{source.id}" in volume group "{self.vg_name}"')
+            if lv.snapshot_invalid:
+                raise VolumeBusy(f"snapshot {source.id} is invalid (its store failed): it cannot be restored; delete it")
+            return lv, self._snapshot(lv).size
+        if lv is None or not is_volume(lv):
+            raise SourceNotFound(f'no volume "{source.id}" in volume group "{self.vg_name}"')
+        if INCOMPLETE_TAG in lv.tags:
+            raise VolumeBusy(f"volume {source.id} is itself incomplete (its content is being copied): clone it later")
+        return lv, lv.size
+
+    def _populate(
+        self, report: Report, lv: LogicalVolumeInfo, size: SizeRange, source: ContentSource | None
+    ) -> Volume:
+        """Give the incomplete volume ``lv`` its source's content, then mark it complete (the commit point).
+
+        Runs again from the start after a kill: a thin restore is grown to its
+        size, a copy is made again (from a new point-in-time source for a clone).
+        """
+        if source is None:  # tagged incomplete by hand, or by a csilvm older than its tags: nothing to redo
+            raise VolumeBusy(f"volume {lv.name} is incomplete and records no source: delete it and create it again")
+        source_lv, source_size = self._source_lv(report, source)
+        extent_size = report.vg.extent_size
+        if lv.is_thin and lv.origin == source_lv.name:
+            wanted = choose_size(size, extent_size, source_size)
+            if lv.size < wanted:
+                self._admit_thin(report, report.lv(lv.pool_lv), wanted - lv.size)
+                self.lvm2.lvextend(self.vg_name, lv.name, wanted // extent_size)
+        else:
+            self._copy_from(report, lv, source_lv, source_size, source.kind == ContentSource.VOLUME)
+        self.lvm2.lvchange_tags(self.vg_name, lv.name, delete=[INCOMPLETE_TAG])
+        log.info("volume %s/%s now holds the content of %s %s", self.vg_name, lv.name, source.kind, source.id)
+        report = self.lvm2.report(self.vg_name)
+        return self._volume(self._lv_or_not_found(report, lv.name), report)
+
+    def _copy_from(
+        self, report: Report, lv: LogicalVolumeInfo, source_lv: LogicalVolumeInfo, source_size: int, clone: bool
+    ) -> None:
+        """Copy the source's bytes onto ``lv``: a clone reads a temporary snapshot of its source (a point in
+        time), a restore the snapshot itself (activated for the copy when it is a thin one)."""
+        read_from = source_lv
+        temporary = f"{lv.name}.src"
+        if clone:
+            if report.lv(temporary) is not None:
+                self.lvm2.lvremove(self.vg_name, temporary)  # left by a killed attempt: a new point in time
+            cow = None if source_lv.is_thin else cow_extents_for(source_lv.size // report.vg.extent_size)
+            self.lvm2.lvcreate_snapshot(self.vg_name, temporary, source_lv.name, cow_extents=cow, tags=[TEMPORARY_TAG])
+            report = self.lvm2.report(self.vg_name)
+            read_from = self._lv_or_not_found(report, temporary, any_lv=True)
+        activated = read_from.is_thin and not read_from.attr.active
+        if activated:
+            self.lvm2.lvchange_activate(self.vg_name, read_from.name, True)
+        try:
+            self.copy(read_from.path, lv.path, source_size, target_size=lv.size, target_reads_zeros=lv.is_thin)
+        except OSError as exc:
+            raise CommandFailed(f"copying {read_from.path} onto {lv.path} failed: {exc}") from None
+        finally:
+            if clone:
+                self.lvm2.lvremove(self.vg_name, temporary)
+            elif activated:
+                self.lvm2.lvchange_activate(self.vg_name, read_from.name, False)
+
+    # -- thin pools ---------------------------------------------------------------
+
+    def _pool_full(self, pool: LogicalVolumeInfo) -> bool:
+        return thin_model.above_high_water(
+            pool.data_percent or 0.0, pool.metadata_percent or 0.0, self.thin.full_percent
+        )
+
+    def _fill_message(self, pool: LogicalVolumeInfo) -> str:
+        return thin_model.fill_message(
+            f"{self.vg_name}/{pool.name}", pool.data_percent or 0.0, pool.metadata_percent or 0.0, self.thin.full_percent
+        )
+
+    def _new_pool_extents(self, report: Report) -> int | None:
+        """Data extents of the pool csilvm would create now; None when it creates none, or it does not fit."""
+        if self.thin.pool_size is None:
+            return None
+        extent_size = report.vg.extent_size
+        data = self.thin.pool_size.resolve(report.vg.size) // extent_size
+        metadata = thin_pool_metadata_extents(data, extent_size)
+        # lvm2 also keeps a spare metadata LV (_pmspare) of the same size, for repairs.
+        fits = data > 0 and data + 2 * metadata <= sum(report.free_extents_by_pv().values())
+        return data if fits else None
+
+    def _thin_admissible(self, report: Report, pool_name: str) -> int:
+        """Bytes of virtual size the pool admits now (a pool not yet created: what it will admit)."""
+        pool = report.lv(pool_name)
+        ratio = self.thin.overprovision_ratio
+        if pool is None:
+            data = self._new_pool_extents(report)
+            return thin_model.admissible(data * report.vg.extent_size, 0, 0, ratio) if data else 0
+        if not pool.is_thin_pool or self._pool_full(pool):
+            return 0
+        used = int(pool.size * (pool.data_percent or 0.0) / 100)
+        virtual = sum(lv.size for lv in report.thin_lvs_of(pool.name))
+        return thin_model.admissible(pool.size, used, virtual, ratio)
+
+    def _admit_thin(self, report: Report, pool: LogicalVolumeInfo | None, size: int) -> None:
+        """PoolExhausted above the high-water mark; OutOfRange when ``size`` more virtual bytes exceed the bound."""
+        if pool is None:
+            raise VolumeNotFound(f'the thin pool of volume group "{self.vg_name}" disappeared')
+        if self._pool_full(pool):
+            raise PoolExhausted(self._fill_message(pool))
+        available = self._thin_admissible(report, pool.name)
+        if size > available:
+            raise OutOfRange(
+                f"thin pool {self.vg_name}/{pool.name} admits {available} more bytes of virtual size "
+                f"({format_size(pool.size)} of data, overprovision ratio {self.thin.overprovision_ratio:g}, "
+                f"{pool.data_percent or 0.0:.2f}% written), not {size}: ask for less, or free or grow the pool"
+            )
+
+    def _thin_pool_or_refuse(self, report: Report, pool_name: str) -> LogicalVolumeInfo:
+        pool = report.lv(pool_name)
+        if pool is None or not pool.is_thin_pool:
+            raise InvalidParameters(f'"{self.vg_name}/{pool_name}" is not a thin pool')
+        return pool
+
+    def _ensure_pool(self, report: Report, pool_name: str) -> tuple[Report, LogicalVolumeInfo]:
+        """The thin pool ``pool_name``, created first (``--thin-pool-size``) when it does not exist."""
+        pool = report.lv(pool_name)
+        if pool is not None:
+            if not pool.is_thin_pool:
+                raise InvalidParameters(
+                    f'logical volume "{self.vg_name}/{pool_name}" exists and is not a thin pool: '
+                    f"name another pool with the parameter pool"
+                )
+            return report, pool
+        if self.thin.pool_size is None:
+            raise InvalidParameters(
+                f'thin pool "{self.vg_name}/{pool_name}" does not exist, and csilvm creates thin pools only with '
+                f"--thin-pool-size: create it (lvcreate --type thin-pool) or set that flag"
+            )
+        data = self._new_pool_extents(report)
+        if data is None:
+            raise OutOfRange(
+                f'a thin pool of {self.thin.pool_size} (with its metadata and spare) does not fit in the free space '
+                f'of volume group "{self.vg_name}"'
+            )
+        self.lvm2.lvcreate_thin_pool(self.vg_name, pool_name, data, tags=[POOL_TAG])
+        log.info("created thin pool %s/%s of %d extents", self.vg_name, pool_name, data)
+        report = self.lvm2.report(self.vg_name)
+        return report, self._lv_or_not_found(report, pool_name, any_lv=True)
+
+    # -- snapshots ----------------------------------------------------------------
+
+    def _snapshot(self, lv: LogicalVolumeInfo) -> Snapshot:
+        size = tag_value(lv.tags, SIZE_TAG_PREFIX)
+        created = tag_value(lv.tags, CREATED_TAG_PREFIX)
+        return Snapshot(
+            id=lv.name,
+            source_volume_id=tag_value(lv.tags, SOURCE_TAG_PREFIX) or lv.origin,
+            size=int(size) if size and size.isdigit() else lv.size,
+            created_ns=int(created) if created and created.isdigit() else 0,
+            ready=not lv.snapshot_invalid,
+            name=names.name_from_tags(lv.tags),
+        )
+
+    def create_snapshot(self, name: str, source_volume_id: str) -> Snapshot:
+        lv_name = names.snapshot_lv_name_for(name)
+        with self._mutation_lock:
+            report = self.lvm2.report(self.vg_name)
+            existing = report.lv(lv_name)
+            if existing is not None:
+                owner = names.name_from_tags(existing.tags)
+                if not is_snapshot(existing) or owner != name:
+                    raise SnapshotExists(f'logical volume "{lv_name}" already exists and is not snapshot "{name}"')
+                snapshot = self._snapshot(existing)
+                if snapshot.source_volume_id != source_volume_id:
+                    raise SnapshotExists(
+                        f'snapshot "{name}" exists, of volume {snapshot.source_volume_id}, not of {source_volume_id}'
+                    )
+                return snapshot
+            source = report.lv(source_volume_id) if is_lv_id(source_volume_id) else None
+            if source is None or not is_volume(source):
+                raise SourceNotFound(f'no volume "{source_volume_id}" in volume group "{self.vg_name}"')
+            if INCOMPLETE_TAG in source.tags:
+                raise VolumeBusy(f"volume {source_volume_id} is incomplete (its content is being copied): snapshot it later")
+            self._refuse_degraded(report)
+            created = time.time_ns()
+            tags = sorted({
+                names.name_tag(name), SNAPSHOT_TAG, f"{SOURCE_TAG_PREFIX}{source.name}",
+                f"{SIZE_TAG_PREFIX}{source.size}", f"{CREATED_TAG_PREFIX}{created}",
+            })
+            if source.is_thin:
+                pool = report.lv(source.pool_lv)
+                if pool is not None and self._pool_full(pool):
+                    raise PoolExhausted(self._fill_message(pool))
+                self.lvm2.lvcreate_snapshot(self.vg_name, lv_name, source.name, tags=tags)
+            else:
+                cow = cow_extents_for(source.size // report.vg.extent_size)
+                self.lvm2.lvcreate_snapshot(self.vg_name, lv_name, source.name, cow_extents=cow, tags=tags)
+            log.info("snapshot %s/%s of %s taken", self.vg_name, lv_name, source.name)
+            return Snapshot(lv_name, source.name, source.size, created, True, name)
+
+    def delete_snapshot(self, snapshot_id: str) -> None:
+        if not is_lv_id(snapshot_id):
+            return
+        with self._mutation_lock:
+            report = self.lvm2.report(self.vg_name)
+            lv = report.lv(snapshot_id)
+            if lv is None or not is_snapshot(lv):
+                return
+            if lv.attr.device_open:
+                raise VolumeBusy(f"snapshot {snapshot_id} is open (a restore is reading it): try again when it is done")
+            try:
+                self.lvm2.lvremove(self.vg_name, snapshot_id)
+            except VolumeNotFound:
+                pass
+
+    def get_snapshot(self, snapshot_id: str) -> Snapshot:
+        report = self.lvm2.report(self.vg_name)
+        lv = report.lv(snapshot_id) if is_lv_id(snapshot_id) else None
+        if lv is None or not is_snapshot(lv):
+            raise SnapshotNotFound(f'no snapshot "{snapshot_id}" in volume group "{self.vg_name}"')
+        return self._snapshot(lv)
+
+    def list_snapshots(self) -> list[Snapshot]:
+        report = self.lvm2.report(self.vg_name)
+        return [self._snapshot(lv) for lv in report.lvs if is_snapshot(lv)]
 
     def delete_volume(self, volume_id: str) -> None:
         if not is_lv_id(volume_id):
@@ -419,14 +802,22 @@ class LvmBackend:
         with self._mutation_lock:
             report = self.lvm2.report(self.vg_name)
             lv = report.lv(volume_id)
-            if lv is None:
-                return
+            if lv is None or not is_volume(lv):
+                return  # a snapshot or a pool is not a volume: DeleteVolume never removes one
             self._refuse_degraded(report)
             if lv.attr.device_open:
                 raise VolumeBusy(
                     f'logical volume "{self.vg_name}/{volume_id}" is open (mounted or in use); unpublish it first'
                 )
-            if lv.attr.active:
+            snapshots = report.cow_snapshots_of(volume_id)
+            if snapshots:
+                raise VolumeHasSnapshots(
+                    f"volume {volume_id} has snapshot(s) {', '.join(sorted(s.name for s in snapshots))}, which are "
+                    f"copy-on-write snapshots of a thick volume and would go with it: delete them first"
+                )
+            if lv.is_thin:
+                pass  # a thin LV's blocks return to the pool, which zeroes them before any reuse
+            elif lv.attr.active:
                 try:
                     self.wipe(lv.path)
                 except OSError as exc:
@@ -443,9 +834,10 @@ class LvmBackend:
         if message:
             raise VolumeGroupDegraded(message)
 
-    def _lv_or_not_found(self, report: Report, volume_id: str) -> LogicalVolumeInfo:
+    def _lv_or_not_found(self, report: Report, volume_id: str, *, any_lv: bool = False) -> LogicalVolumeInfo:
+        """The volume's LV (with ``any_lv``, any LV of that name); VolumeNotFound otherwise."""
         lv = report.lv(volume_id) if is_lv_id(volume_id) else None
-        if lv is None:
+        if lv is None or not (any_lv or is_volume(lv)):
             raise VolumeNotFound(f'no logical volume "{volume_id}" in volume group "{self.vg_name}"')
         return lv
 
@@ -460,9 +852,18 @@ class LvmBackend:
             if profile is None:
                 raise InvalidParameters(
                     f'logical volume "{self.vg_name}/{volume_id}" mixes segment types ({", ".join(lv.segtypes)}): '
-                    f"csilvm grows only linear, striped, raid0 and raid1 volumes; grow it with lvextend by hand"
+                    f"csilvm grows only linear, striped, raid0, raid1 and thin volumes; grow it with lvextend by hand"
                 )
             extent_size = report.vg.extent_size
+            if profile.thin:
+                target = expansion_target(lv.size, size, extent_size)
+                if target == lv.size:
+                    return lv.size
+                self._refuse_degraded(report)
+                self._admit_thin(report, report.lv(lv.pool_lv), target - lv.size)
+                self.lvm2.lvextend(self.vg_name, volume_id, target // extent_size)
+                log.info("grew thin volume %s/%s from %d to %d bytes", self.vg_name, volume_id, lv.size, target)
+                return target
             granularity = len(lv.legs) if profile.layout is Layout.RAID0 else 1
             target = expansion_target(lv.size, size, granularity * extent_size)
             if target == lv.size:
@@ -486,6 +887,12 @@ class LvmBackend:
                 raise InvalidParameters(
                     f'logical volume "{self.vg_name}/{volume_id}" has a layout csilvm does not manage '
                     f"({', '.join(lv.segtypes)}): change it with lvconvert by hand"
+                )
+            snapshots = report.cow_snapshots_of(volume_id)
+            if snapshots and parameters and parse_profile({**have.as_parameters(), **parameters}) != have:
+                raise VolumeHasSnapshots(
+                    f"volume {volume_id} has copy-on-write snapshot(s) {', '.join(sorted(s.name for s in snapshots))}: "
+                    f"lvm2 changes the layout of a volume only without them; delete them first"
                 )
             merged = {**have.as_parameters(), **parameters}
             if "type" in parameters and parameters["type"] != have.layout.value:

@@ -56,11 +56,8 @@ fi
 say "kernel $(uname -r), $(nproc) cpu(s), $(awk '/MemTotal/ {print int($2/1024) " MiB"}' /proc/meminfo)"
 
 # --- kernel modules --------------------------------------------------------
-for mod in loop dm-mod dm-raid raid0 raid1; do
+for mod in loop dm-mod dm-raid raid0 raid1 dm-thin-pool dm-snapshot; do
     modprobe "$mod" || fail "modprobe $mod failed"
-done
-for mod in dm-thin-pool dm-snapshot; do
-    modprobe "$mod" 2>/dev/null || say "optional module $mod not loaded"
 done
 [ -e /dev/mapper/control ] || fail "no /dev/mapper/control after modprobe dm-mod"
 

@@ -3,7 +3,7 @@
 #
 #   bash tests/vm/install.sh [VENV_PYTHON]
 #
-# apt: qemu-system-x86, busybox-static, lvm2, a Debian kernel (linux-image-amd64),
+# apt: qemu-system-x86, busybox-static, lvm2, thin-provisioning-tools (thin_check for thin pools), a Debian kernel (linux-image-amd64),
 #      e2fsprogs, xfsprogs, btrfs-progs.
 # pip: virtme-ng (command `vng`) into the venv of VENV_PYTHON (default: the
 #      python3 on PATH, or $VIRTUAL_ENV/bin/python when set).
@@ -20,7 +20,7 @@ if [ "$(id -u)" -ne 0 ]; then
     SUDO=(sudo)
 fi
 
-apt_pkgs=(qemu-system-x86 busybox-static lvm2 e2fsprogs xfsprogs btrfs-progs)
+apt_pkgs=(qemu-system-x86 busybox-static lvm2 thin-provisioning-tools e2fsprogs xfsprogs btrfs-progs)
 missing=()
 for p in "${apt_pkgs[@]}"; do
     if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
