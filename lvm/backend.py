@@ -69,6 +69,8 @@ class Volume:
     # Its health when the backend learnt it while reading the volume: an observation, not part of its identity.
     condition: Condition | None = field(default=None, compare=False)
     content_source: ContentSource | None = None  # what it was restored or cloned from
+    # A restore or clone whose copy has not completed (or was cut by a kill): not to be used.
+    incomplete: bool = field(default=False, compare=False)
 
 
 @dataclass(frozen=True)

@@ -405,6 +405,7 @@ class LvmBackend:
             },
             condition=self._condition(lv, report),
             content_source=content_source_of(lv),
+            incomplete=INCOMPLETE_TAG in lv.tags,
         )
 
     def _condition(self, lv: LogicalVolumeInfo, report: Report) -> Condition:

@@ -330,7 +330,13 @@ class Core:
 
     # --------------------------------------------------------------------- node
     def _device(self, volume_id: str) -> str:
-        return self.backend.get_volume(volume_id).device
+        volume = self.backend.get_volume(volume_id)
+        if volume.incomplete:
+            raise VolumeBusy(
+                f"volume {volume_id} is incomplete: its content is still being copied (or the copy was cut); "
+                f"it can be used once CreateVolume has returned it"
+            )
+        return volume.device
 
     def stage(self, volume_id: str, staging_path: str, capability: Capability) -> None:
         """Make the file system if the device is blank and mount it at ``staging_path``.
