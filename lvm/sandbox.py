@@ -6,8 +6,9 @@ It lets CI, demos and the Mesos test harness run the real CSI Node path
 On disk, under ``<work_dir>/volumes/``, a volume is two files:
 
 * ``<id>.img``  - the sparse image, truncated to the volume size;
-* ``<id>.json`` - its metadata (CO name, size, profile, creation time),
-  written atomically (``<id>.json.tmp``, fsync, rename).
+* ``<id>.json`` - its metadata (CO name, size, profile, creation time, and the
+  snapshot or volume it was restored or cloned from), written atomically
+  (``<id>.json.tmp``, fsync, rename).
 
 The rename of the metadata is the commit point of a create: a volume exists
 when both files do.  Create writes image -> loop device -> metadata; delete
@@ -28,6 +29,31 @@ attaches never shows more than the metadata records.  Killed after the
 rename, it leaves a device smaller than its volume: the volume's condition
 says so, and a retried expansion or ``open`` tells the device.
 
+Snapshots live apart, under ``<work_dir>/snapshots/``, by the same rules: a
+snapshot is ``<id>.img``, a read-only (0444) copy of its volume's image, and
+``<id>.json`` (CO name, source volume id, size, creation time in ns), whose
+rename commits it.  Snapshot ids are ``snapshot-<name>``: no volume id can
+start with ``snapshot`` (lvm2 reserves it), so a snapshot id given where a
+volume id is expected, or the reverse, names nothing.  A snapshot is a whole
+copy, not a view: deleting its volume leaves it alone.  A restore (from a
+snapshot) or a clone (of a volume) is a create whose image is such a copy,
+then truncated up to the new volume's size; its metadata records the source.
+Every copy keeps the image's holes: ``FICLONE`` (a reflink, where the work
+dir's file system has them: btrfs, xfs), else only the data ranges
+(``SEEK_DATA``/``SEEK_HOLE``) are copied.  The copy is made under the lock;
+a kill during it leaves an image without metadata, a leftover.  The sandbox
+does not freeze anything: the caller freezes a mounted file system around a
+snapshot or a clone (``snapshots_quiesce`` is False).
+
+Thin volumes (``type=thin``) are sparse images like linear ones, but they do
+not reserve their size: the pool is what ``--capacity`` leaves after the
+linear volumes' sizes, its data the real allocation (``st_blocks``) of the
+thin images and of every snapshot, and thin volumes are admitted by
+:func:`lvm.thin.admissible` under the overprovisioning ratio.  A linear
+volume (or a snapshot, which is real data too) gets only what neither the
+data nor the thin volumes' promises (virtual size / ratio) hold: see
+:class:`Space`.
+
 Mutations are serialized by a thread lock and an ``flock`` on
 ``<work_dir>/.lock``, so two processes sharing a work dir do not race either.
 """
@@ -37,23 +63,46 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import errno
 import fcntl
 import functools
 import json
 import logging
+import math
 import os
 import struct
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator, Mapping
+from typing import Callable, Iterable, Iterator, Mapping
 
-from lvm.backend import Capacity, Condition, SizeRange, Volume, choose_size, expansion_target
-from lvm.errors import BackendUnavailable, InvalidParameters, OutOfRange, VolumeBusy, VolumeExists, VolumeNotFound
+from lvm.backend import (
+    Capacity,
+    Condition,
+    ContentSource,
+    SizeRange,
+    Snapshot,
+    Volume,
+    choose_size,
+    expansion_target,
+)
+from lvm.errors import (
+    BackendUnavailable,
+    InvalidParameters,
+    OutOfRange,
+    PoolExhausted,
+    SnapshotExists,
+    SnapshotNotFound,
+    SourceNotFound,
+    VolumeBusy,
+    VolumeExists,
+    VolumeNotFound,
+)
 from lvm.loop import LoopDevice, LoopDevices, SystemLoopDevices, devices_backed_by
 from lvm.names import is_valid_lv_name, lv_name_for
-from lvm.profiles import Layout, Profile, parse_profile
-from lvm.thin import ThinPolicy
+from lvm.profiles import DEFAULT_THIN_POOL, Layout, Profile, parse_profile
+from lvm.thin import ThinPolicy, above_high_water, admissible, fill_message
 from lvm.units import MiB, format_size
 
 log = logging.getLogger(__name__)
@@ -64,6 +113,21 @@ TMP_SUFFIX = ".tmp"
 METADATA_FORMAT = 1
 LOCK_FILE = ".lock"
 GENERATION = struct.Struct("<Q")  # at offset 0 of the lock file
+SNAPSHOT_ID_PREFIX = "snapshot-"  # no volume id starts with "snapshot" (lvm.names reserves it)
+SERVED_LAYOUTS = (Layout.LINEAR, Layout.THIN)
+FICLONE = 0x40049409  # <linux/fs.h>: _IOW(0x94, 9, int), a reflink of a whole file
+COPY_CHUNK = 8 * MiB
+
+
+def is_snapshot_id(text: str) -> bool:
+    """True for ids :func:`snapshot_id_for` makes (and so safe as a file name); never a volume id."""
+    return text.startswith(SNAPSHOT_ID_PREFIX) and is_valid_lv_name(text[len(SNAPSHOT_ID_PREFIX):])
+
+
+def snapshot_id_for(name: str) -> str:
+    """The snapshot id of a CO snapshot name: deterministic, so a retried CreateSnapshot finds it."""
+    return SNAPSHOT_ID_PREFIX + lv_name_for(name)
+
 
 # --- the state on disk (pure where possible) ---------------------------------------------------
 
@@ -77,23 +141,28 @@ class VolumeRecord:
     size: int
     parameters: tuple[tuple[str, str], ...]  # sorted (key, value) pairs of the profile
     created: str  # ISO 8601, UTC
+    source: ContentSource | None = None  # the snapshot or volume it was restored or cloned from
 
     @functools.cached_property
     def profile(self) -> Profile:
         return parse_profile(dict(self.parameters))
 
+    @property
+    def thin(self) -> bool:
+        return self.profile.thin
+
     def to_json(self) -> str:
-        return json.dumps(
-            {
-                "format": METADATA_FORMAT,
-                "id": self.id,
-                "name": self.name,
-                "size": self.size,
-                "parameters": dict(self.parameters),
-                "created": self.created,
-            },
-            sort_keys=True,  # one line: json's C encoder does not indent
-        )
+        data = {
+            "format": METADATA_FORMAT,
+            "id": self.id,
+            "name": self.name,
+            "size": self.size,
+            "parameters": dict(self.parameters),
+            "created": self.created,
+        }
+        if self.source is not None:
+            data["source"] = {"kind": self.source.kind, "id": self.source.id}
+        return json.dumps(data, sort_keys=True)  # one line: json's C encoder does not indent
 
 
 def parse_metadata(volume_id: str, text: str) -> VolumeRecord:
@@ -113,7 +182,66 @@ def parse_metadata(volume_id: str, text: str) -> VolumeRecord:
     if not isinstance(params, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in params.items()):
         raise ValueError("parameters malformed")
     parse_profile(params)  # InvalidParameters when the profile is not one we know
-    return VolumeRecord(volume_id, name, size, tuple(sorted(params.items())), str(created or ""))
+    source = data.get("source")
+    if source is not None:
+        if (
+            not isinstance(source, dict)
+            or source.get("kind") not in (ContentSource.SNAPSHOT, ContentSource.VOLUME)
+            or not isinstance(source.get("id"), str)
+            or not source["id"]
+        ):
+            raise ValueError("source malformed")
+        source = ContentSource(source["kind"], source["id"])
+    return VolumeRecord(volume_id, name, size, tuple(sorted(params.items())), str(created or ""), source)
+
+
+@dataclass(frozen=True)
+class SnapshotRecord:
+    """What ``snapshots/<id>.json`` says about a snapshot."""
+
+    id: str
+    name: str
+    source_volume_id: str
+    size: int  # the source volume's size when it was taken
+    created_ns: int  # nanoseconds since the epoch
+
+    @property
+    def snapshot(self) -> Snapshot:
+        return Snapshot(
+            id=self.id, source_volume_id=self.source_volume_id, size=self.size,
+            created_ns=self.created_ns, ready=True, name=self.name,
+        )
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "format": METADATA_FORMAT,
+                "id": self.id,
+                "name": self.name,
+                "source_volume_id": self.source_volume_id,
+                "size": self.size,
+                "created_ns": self.created_ns,
+            },
+            sort_keys=True,
+        )
+
+
+def parse_snapshot_metadata(snapshot_id: str, text: str) -> SnapshotRecord:
+    """Parse the metadata of snapshot ``snapshot_id``; ValueError when malformed or another's."""
+    data = json.loads(text)
+    if not isinstance(data, dict) or data.get("format") != METADATA_FORMAT:
+        raise ValueError(f"unknown metadata format {data.get('format') if isinstance(data, dict) else data!r}")
+    if data.get("id") != snapshot_id:
+        raise ValueError(f"metadata is for snapshot {data.get('id')!r}")
+    name, source, size, created = data.get("name"), data.get("source_volume_id"), data.get("size"), data.get("created_ns")
+    if not isinstance(name, str) or not isinstance(source, str) or not source:
+        raise ValueError("name or source volume missing or malformed")
+    for value in (size, created):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ValueError("size or creation time missing or malformed")
+    if size <= 0:
+        raise ValueError("size must be positive")
+    return SnapshotRecord(snapshot_id, name, source, size, created)
 
 
 @dataclass(frozen=True)
@@ -125,15 +253,18 @@ class DirEntries:
     tmp_files: tuple[str, ...]
 
 
-def classify_entries(filenames: Iterable[str]) -> DirEntries:
-    """Sort file names into images, metadata and tmp files; anything else (foreign files) is ignored."""
+def classify_entries(filenames: Iterable[str], valid_id: Callable[[str], bool] = is_valid_lv_name) -> DirEntries:
+    """Sort file names into images, metadata and tmp files; anything else (foreign files) is ignored.
+
+    ``valid_id`` tells the ids of the directory (volume ids, or snapshot ids) from foreign names.
+    """
     images, metadata, tmp = set(), set(), []
     for filename in filenames:
         if filename.endswith(TMP_SUFFIX):
             tmp.append(filename)
-        elif filename.endswith(IMAGE_SUFFIX) and is_valid_lv_name(filename[: -len(IMAGE_SUFFIX)]):
+        elif filename.endswith(IMAGE_SUFFIX) and valid_id(filename[: -len(IMAGE_SUFFIX)]):
             images.add(filename[: -len(IMAGE_SUFFIX)])
-        elif filename.endswith(METADATA_SUFFIX) and is_valid_lv_name(filename[: -len(METADATA_SUFFIX)]):
+        elif filename.endswith(METADATA_SUFFIX) and valid_id(filename[: -len(METADATA_SUFFIX)]):
             metadata.add(filename[: -len(METADATA_SUFFIX)])
     return DirEntries(frozenset(images), frozenset(metadata), tuple(sorted(tmp)))
 
@@ -151,6 +282,15 @@ class DirScan:
     @property
     def used(self) -> int:
         return sum(r.size for r in self.records)
+
+    @property
+    def thick(self) -> int:
+        """The sizes of the volumes that reserve theirs (all but thin ones)."""
+        return sum(r.size for r in self.records if not r.thin)
+
+    @property
+    def thin_virtual(self) -> int:
+        return sum(r.size for r in self.records if r.thin)
 
 
 def scan(volumes_dir: Path) -> DirScan:
@@ -171,6 +311,98 @@ def scan(volumes_dir: Path) -> DirScan:
         unreadable=tuple(unreadable),
         tmp_files=entries.tmp_files,
     )
+
+
+@dataclass(frozen=True)
+class SnapshotScan:
+    """The snapshots of a work dir, and the leftovers of interrupted snapshots and deletes."""
+
+    records: tuple[SnapshotRecord, ...]  # whole snapshots, sorted by id
+    orphan_images: tuple[str, ...]  # a copy killed before its metadata was renamed
+    orphan_metadata: tuple[str, ...]  # a delete killed between its two removals
+    unreadable: tuple[str, ...]
+    tmp_files: tuple[str, ...]
+
+
+def scan_snapshots(snapshots_dir: Path) -> SnapshotScan:
+    """Read the state of ``snapshots_dir`` (which must exist)."""
+    entries = classify_entries(os.listdir(snapshots_dir), is_snapshot_id)
+    records, unreadable = [], []
+    for snapshot_id in sorted(entries.image_ids & entries.metadata_ids):
+        try:
+            text = (snapshots_dir / (snapshot_id + METADATA_SUFFIX)).read_text()
+            records.append(parse_snapshot_metadata(snapshot_id, text))
+        except (OSError, ValueError) as exc:
+            log.warning("loop sandbox: metadata of snapshot %s is unreadable (%s); leaving it alone", snapshot_id, exc)
+            unreadable.append(snapshot_id)
+    return SnapshotScan(
+        records=tuple(records),
+        orphan_images=tuple(sorted(entries.image_ids - entries.metadata_ids)),
+        orphan_metadata=tuple(sorted(entries.metadata_ids - entries.image_ids)),
+        unreadable=tuple(unreadable),
+        tmp_files=entries.tmp_files,
+    )
+
+
+def plan_snapshot_repair(state: SnapshotScan, snapshots_dir: Path) -> tuple[Path, ...]:
+    """The leftovers of interrupted snapshots and snapshot deletes: files to remove (never attached)."""
+    remove = [snapshots_dir / (i + IMAGE_SUFFIX) for i in state.orphan_images]
+    remove += [snapshots_dir / (i + METADATA_SUFFIX) for i in state.orphan_metadata]
+    remove += [snapshots_dir / name for name in state.tmp_files]
+    return tuple(remove)
+
+
+@dataclass(frozen=True)
+class Space:
+    """The sandbox's space, and what each kind of allocation may still take.  Pure.
+
+    ``capacity`` is ``--capacity``.  Linear volumes reserve their size; the
+    rest is the thin pool.  Thin volumes promise their (virtual) size, bounded
+    by :func:`lvm.thin.admissible`; their images' real allocation and every
+    snapshot's are the pool's data.  A linear volume, or a snapshot copy,
+    takes real space that neither the data nor the thin promises hold: at a
+    ratio of 1.0 thin volumes thus reserve their size against linear ones,
+    as before thin existed; at 2.0, half of it.
+    """
+
+    capacity: int
+    thick: int  # sum of the linear volumes' sizes
+    thin_virtual: int  # sum of the thin volumes' sizes
+    data_used: int  # bytes allocated to thin images and snapshots
+    ratio: float = 1.0
+    full_percent: float = 95.0
+
+    @property
+    def pool(self) -> int:
+        return max(0, self.capacity - self.thick)
+
+    @property
+    def data_percent(self) -> float:
+        if self.pool == 0:
+            return 100.0 if self.data_used else 0.0
+        return self.data_used * 100 / self.pool
+
+    @property
+    def full(self) -> bool:
+        """At or above the high-water mark: no new thin volumes, no new snapshots."""
+        return above_high_water(self.data_percent, 0.0, self.full_percent)
+
+    @property
+    def promised(self) -> int:
+        """Real bytes the thin volumes' promises hold, at the overprovisioning ratio."""
+        return math.ceil(self.thin_virtual / self.ratio)
+
+    @property
+    def free(self) -> int:
+        """Bytes a linear volume, a linear expansion or a snapshot may take."""
+        return max(0, self.pool - max(self.data_used, self.promised))
+
+    @property
+    def thin_admissible(self) -> int:
+        """Bytes of virtual size thin volumes may still add (0 above the high-water mark)."""
+        if self.full:
+            return 0
+        return admissible(self.pool, self.data_used, self.thin_virtual, self.ratio)
 
 
 @dataclass(frozen=True)
@@ -251,7 +483,9 @@ def plan_resize(
     return tuple(resize), tuple(refresh)
 
 
-def is_compatible(record: VolumeRecord, name: str, size: SizeRange, profile: Profile) -> str | None:
+def is_compatible(
+    record: VolumeRecord, name: str, size: SizeRange, profile: Profile, source: ContentSource | None = None
+) -> str | None:
     """Why an existing volume does not answer a CreateVolume request, or None when it does."""
     if record.name != name:
         return f"volume id {record.id} belongs to the volume named {record.name!r}, not {name!r}"
@@ -265,7 +499,16 @@ def is_compatible(record: VolumeRecord, name: str, size: SizeRange, profile: Pro
             f"volume {name!r} exists with parameters {dict(record.parameters)}, "
             f"not {profile.as_parameters()}"
         )
+    if record.source != source:
+        return (
+            f"volume {name!r} exists with content source {_describe_source(record.source)}, "
+            f"not {_describe_source(source)}"
+        )
     return None
+
+
+def _describe_source(source: ContentSource | None) -> str:
+    return "none (an empty volume)" if source is None else f"{source.kind} {source.id!r}"
 
 
 # --- file helpers ------------------------------------------------------------------------------
@@ -319,6 +562,117 @@ def set_file_size(path: Path, size: int) -> int:
         os.close(fd)
 
 
+def allocated_bytes(path: Path) -> int:
+    """The bytes of disk ``path`` really holds (``st_blocks``); 0 when it is gone."""
+    try:
+        return os.stat(path).st_blocks * 512
+    except FileNotFoundError:
+        return 0
+
+
+# errnos of a file system (or kernel) that cannot do a reflink, or not between these files
+_NO_REFLINK = frozenset(
+    {errno.EOPNOTSUPP, errno.ENOTTY, errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EBADF, errno.EPERM}
+)
+# errnos of a copy_file_range the kernel or file system does not do: copy by hand instead
+_NO_COPY_RANGE = frozenset({errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL, errno.EBADF, errno.EPERM})
+_ZEROS = bytes(MiB)
+
+
+def _reflink(src_fd: int, dst_fd: int) -> bool:
+    """Clone the whole source into the (empty) destination; False where the file system cannot."""
+    try:
+        fcntl.ioctl(dst_fd, FICLONE, src_fd)
+        return True
+    except OSError as exc:
+        if exc.errno in _NO_REFLINK:
+            return False
+        raise
+
+
+def data_ranges(fd: int, length: int) -> Iterator[tuple[int, int]]:
+    """The [start, end) ranges of ``fd``'s first ``length`` bytes that may hold data (holes skipped)."""
+    offset = 0
+    while offset < length:
+        try:
+            start = os.lseek(fd, offset, os.SEEK_DATA)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:  # nothing but a hole from offset to the end of the file
+                return
+            if exc.errno == errno.EINVAL:  # SEEK_DATA unsupported: every byte may be data
+                yield offset, length
+                return
+            raise
+        if start >= length:
+            return
+        end = min(os.lseek(fd, start, os.SEEK_HOLE), length)
+        yield start, end
+        offset = end
+
+
+def _copy_by_hand(src_fd: int, dst_fd: int, offset: int, count: int) -> int:
+    """pread/pwrite up to ``count`` bytes at ``offset``, leaving all-zero MiBs as holes; 0 at end of file."""
+    data = os.pread(src_fd, min(count, MiB), offset)
+    if data and data != _ZEROS[: len(data)]:
+        view, done = memoryview(data), 0
+        while done < len(data):
+            done += os.pwrite(dst_fd, view[done:], offset + done)
+    return len(data)
+
+
+def _copy_range(src_fd: int, dst_fd: int, start: int, end: int) -> None:
+    """Copy bytes [start, end) to the same offsets: copy_file_range (in the kernel), else by hand."""
+    offset, in_kernel = start, True
+    while offset < end:
+        count = min(COPY_CHUNK, end - offset)
+        copied = 0
+        if in_kernel:
+            try:
+                copied = os.copy_file_range(src_fd, dst_fd, count, offset, offset)
+            except OSError as exc:
+                if exc.errno not in _NO_COPY_RANGE:
+                    raise
+                in_kernel = False
+        if copied <= 0:
+            copied = _copy_by_hand(src_fd, dst_fd, offset, count)
+            if copied == 0:
+                return  # the source ends here: what is left reads as zeros
+        offset += copied
+
+
+def copy_image(src: Path, dst: Path, length: int, size: int, *, read_only: bool = False) -> str:
+    """Create ``dst`` (it must not exist) with the first ``length`` bytes of ``src``, ``size`` bytes long.
+
+    Holes stay holes: a reflink (``FICLONE``) where the file system has
+    them, else a copy of the data ranges only.  Bytes past ``length`` read as
+    zeros.  The file is synced (not its directory entry, which the caller
+    syncs with the metadata).  Returns how it was copied: "reflink" or "sparse copy".
+    """
+    src_fd = os.open(src, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    try:
+        dst_fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        try:
+            how = "reflink"
+            if not _reflink(src_fd, dst_fd):
+                how = "sparse copy"
+                for start, end in data_ranges(src_fd, length):
+                    _copy_range(src_fd, dst_fd, start, end)
+            # A reflinked source longer than ``length`` (an interrupted expansion's leftover) is cut
+            # to it first, so whatever lies past it reads as zeros.
+            if os.fstat(dst_fd).st_size != length:
+                os.ftruncate(dst_fd, length)
+            if size != length:
+                os.ftruncate(dst_fd, size)
+            if read_only:
+                os.fchmod(dst_fd, 0o444)
+            os.fsync(dst_fd)
+            return how
+        finally:
+            os.close(dst_fd)
+    finally:
+        os.close(src_fd)
+
+
 def _check_volume_id(volume_id: str) -> None:
     """VolumeNotFound for an id no volume can have: such an id never becomes a path."""
     if not is_valid_lv_name(volume_id):
@@ -337,11 +691,32 @@ def _now() -> str:
 # --- the backend -------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class _Origin:
+    """What a restore or clone copies: an image, and how many of its bytes are the source's."""
+
+    path: Path
+    size: int
+    label: str  # "snapshot <id>" or "volume <id>"
+
+
 class LoopBackend:
     """Backend (kind ``loop``) of sparse images on loop devices, ``capacity_bytes`` in total.
 
-    Only ``type=linear`` is served.  ``loops`` replaces the real loop devices
-    (unit tests).  The constructor calls :meth:`open`.
+    ``type=linear`` and ``type=thin`` are served.  A linear volume reserves its
+    size; thin volumes share what linear ones leave (one pool, the work dir:
+    the profile's ``pool`` is recorded, not used) under ``thin``'s
+    overprovisioning ratio and high-water mark, and snapshot copies are data
+    of that pool too (see :class:`Space`).  ``loops`` replaces the real loop
+    devices (unit tests).  The constructor calls :meth:`open`.
+
+    Snapshots are read-only, hole-keeping copies of a volume's image, kept in
+    ``<work_dir>/snapshots`` and independent of their volume, which can be
+    deleted (or grown) while they live.  A volume created from a snapshot or
+    from another volume starts as such a copy.  Every copy is made under the
+    work dir's lock, so a large one holds up other calls while it lasts; the
+    caller freezes a mounted source file system around it
+    (``snapshots_quiesce`` is False).
 
     Delete does not wipe: the image is unlinked and a later volume is a new
     sparse file, which reads zeros, whatever the old one held.  (LVM wipes
@@ -351,9 +726,11 @@ class LoopBackend:
     and the loop device of each volume) and re-reads it when it may have
     changed under it: each mutation, by any csilvm process, first bumps a
     generation counter kept in the lock file, and a change of the volumes
-    directory's mtime reveals files added, removed or renamed by hand.  So a
-    create or a GetCapacity costs a pread and a stat, not a read of every
-    volume's metadata.
+    or snapshots directory's mtime reveals files added, removed or renamed by
+    hand.  So a create or a GetCapacity costs a pread and two stats, not a
+    read of every volume's metadata; only once thin volumes or snapshots
+    exist, a stat of each of their images too (their real allocation is the
+    thin pool's data, which no cache would keep true).
     """
 
     kind = "loop"
@@ -373,6 +750,7 @@ class LoopBackend:
             raise ValueError("capacity_bytes must be >= 0, default_size and granularity > 0")
         self.work_dir = Path(os.path.realpath(work_dir))
         self.volumes_dir = self.work_dir / "volumes"
+        self.snapshots_dir = self.work_dir / "snapshots"
         self.capacity_bytes = capacity_bytes
         self.default_size = default_size
         self.granularity = granularity
@@ -382,10 +760,13 @@ class LoopBackend:
         self._lock_fd: int | None = None
         # What we read of the work dir, valid while _state_key() == _seen.
         self._records: dict[str, VolumeRecord] = {}
-        self._used_bytes = 0  # sum of the records' sizes
+        self._thick_bytes = 0  # sum of the linear records' sizes
+        self._thin_bytes = 0  # sum of the thin records' sizes
         self._unreadable: frozenset[str] = frozenset()
+        self._snapshots: dict[str, SnapshotRecord] = {}
+        self._unreadable_snapshots: frozenset[str] = frozenset()
         self._devices: dict[str, str] = {}  # volume id -> loop device, checked against sysfs on use
-        self._seen: tuple[int, int] | None = None
+        self._seen: tuple[int, int, int] | None = None
         self.open()
 
     # -- lifecycle
@@ -399,6 +780,7 @@ class LoopBackend:
             if self._lock_fd is None:
                 try:
                     self.volumes_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+                    self.snapshots_dir.mkdir(exist_ok=True, mode=0o700)
                     self._lock_fd = os.open(
                         self.work_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
                     )
@@ -407,8 +789,12 @@ class LoopBackend:
         with self._mutating():
             state, attached = scan(self.volumes_dir), self.loops.attached()
             resize, refresh = self._plan_resize(state.records, attached)
+            plan = plan_repair(state, attached, self.volumes_dir)
             plan = dataclasses.replace(
-                plan_repair(state, attached, self.volumes_dir), resize=resize, refresh=refresh
+                plan,
+                remove=plan.remove + plan_snapshot_repair(scan_snapshots(self.snapshots_dir), self.snapshots_dir),
+                resize=resize,
+                refresh=refresh,
             )
             if not plan.empty:
                 self._bump_generation()
@@ -418,8 +804,8 @@ class LoopBackend:
             for path in plan.remove:
                 log.info("loop sandbox: removing leftover %s", path)
                 _remove(path)
-            if plan.remove:
-                _fsync_dir(self.volumes_dir)
+            for directory in sorted({path.parent for path in plan.remove}):
+                _fsync_dir(directory)
             for path, size in plan.resize:  # before attaching: a device takes its image's size
                 try:
                     before = set_file_size(path, size)
@@ -477,11 +863,11 @@ class LoopBackend:
             finally:
                 fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
 
-    def _state_key(self) -> tuple[int, int]:
-        """(generation in the lock file, mtime of the volumes dir): changes whenever the dir may have."""
+    def _state_key(self) -> tuple[int, int, int]:
+        """(generation in the lock file, mtimes of the volumes and snapshots dirs): changes whenever they may have."""
         data = os.pread(self._lock_fd, GENERATION.size, 0)
         generation = GENERATION.unpack(data)[0] if len(data) == GENERATION.size else 0
-        return generation, os.stat(self.volumes_dir).st_mtime_ns
+        return generation, os.stat(self.volumes_dir).st_mtime_ns, os.stat(self.snapshots_dir).st_mtime_ns
 
     def _bump_generation(self) -> None:
         """Before changing the work dir: tell every other process sharing it to re-read it.
@@ -498,8 +884,11 @@ class LoopBackend:
         state = scan(self.volumes_dir)
         attached = self.loops.attached()
         self._records = {r.id: r for r in state.records}
-        self._used_bytes = state.used
+        self._thick_bytes, self._thin_bytes = state.thick, state.thin_virtual
         self._unreadable = frozenset(state.unreadable)
+        snapshots = scan_snapshots(self.snapshots_dir)
+        self._snapshots = {r.id: r for r in snapshots.records}
+        self._unreadable_snapshots = frozenset(snapshots.unreadable)
         self._devices = self._devices_from(attached)
         self._seen = self._state_key()
 
@@ -538,6 +927,12 @@ class LoopBackend:
     def metadata_path(self, volume_id: str) -> Path:
         return self.volumes_dir / (volume_id + METADATA_SUFFIX)
 
+    def snapshot_image_path(self, snapshot_id: str) -> Path:
+        return self.snapshots_dir / (snapshot_id + IMAGE_SUFFIX)
+
+    def snapshot_metadata_path(self, snapshot_id: str) -> Path:
+        return self.snapshots_dir / (snapshot_id + METADATA_SUFFIX)
+
     def _devices_of(self, volume_id: str) -> list[str]:
         """The loop devices backed by the volume's image: the one we know of, if the kernel
         confirms it (one sysfs read), else every one found by reading them all."""
@@ -561,6 +956,7 @@ class LoopBackend:
             profile=record.profile,
             attributes={"backend": self.kind, "image": str(self.image_path(record.id))},
             condition=condition,
+            content_source=record.source,
         )
 
     def _attached_volume(self, record: VolumeRecord) -> Volume:
@@ -596,16 +992,24 @@ class LoopBackend:
 
     # -- the Backend protocol
 
-    def create_volume(self, name: str, size: SizeRange, profile: Profile) -> Volume:
+    def create_volume(
+        self, name: str, size: SizeRange, profile: Profile, source: ContentSource | None = None
+    ) -> Volume:
+        """Create the volume ``name`` (empty, or a copy of ``source``), or return the compatible one.
+
+        With no range, a restore or clone gets its source's size.
+        """
         if not name:
             raise InvalidParameters("a volume name is required")
-        if profile.layout is not Layout.LINEAR:
-            raise OutOfRange(f"the loop sandbox serves only type=linear, not type={profile.layout.value}")
+        if profile.layout not in SERVED_LAYOUTS:
+            raise OutOfRange(
+                f"the loop sandbox serves only type=linear and type=thin, not type={profile.layout.value}"
+            )
         volume_id = lv_name_for(name)
         with self._mutating():
             existing = self._records.get(volume_id)
             if existing is not None:
-                reason = is_compatible(existing, name, size, profile)
+                reason = is_compatible(existing, name, size, profile, source)
                 if reason:
                     raise VolumeExists(reason)
                 return self._attached_volume(existing)
@@ -613,33 +1017,114 @@ class LoopBackend:
                 raise VolumeExists(
                     f"volume id {volume_id} exists but its metadata {self.metadata_path(volume_id)} is unreadable"
                 )
-            chosen = choose_size(size, self.granularity, self.default_size)
-            free = max(0, self.capacity_bytes - self._used_bytes)
-            if chosen > free:
+            origin = self._origin(source, name) if source is not None else None
+            chosen = choose_size(size, self.granularity, origin.size if origin else self.default_size)
+            if origin is not None and chosen < origin.size:
                 raise OutOfRange(
-                    f"the loop sandbox has {format_size(free)} ({free} bytes) free of "
-                    f"{format_size(self.capacity_bytes)}; volume {name!r} needs {format_size(chosen)}"
+                    f"volume {name!r} cannot hold {origin.label}: it is {format_size(origin.size)} "
+                    f"({origin.size} bytes) and the requested range gives {format_size(chosen)}; "
+                    f"ask for at least {origin.size} bytes"
                 )
-            record = VolumeRecord(volume_id, name, chosen, tuple(sorted(profile.as_parameters().items())), _now())
+            self._admit(name, chosen, profile)
+            record = VolumeRecord(
+                volume_id, name, chosen, tuple(sorted(profile.as_parameters().items())), _now(), source
+            )
             self._bump_generation()
             try:
                 # Under the lock, an image or metadata alone is a leftover of a killed process.
                 self._discard(volume_id)
-                return self._create(record)
+                return self._create(record, origin)
             finally:
                 self._changed()
+
+    def _origin(self, source: ContentSource, name: str) -> _Origin:
+        """The image a new volume is copied from, and the bytes of it that are the source's; SourceNotFound."""
+        if source.kind == ContentSource.SNAPSHOT:
+            snapshot = self._snapshots.get(source.id) if is_snapshot_id(source.id) else None
+            if snapshot is None:
+                raise SourceNotFound(f"no snapshot {source.id!r} in the loop sandbox to restore volume {name!r} from")
+            return _Origin(self.snapshot_image_path(snapshot.id), snapshot.size, f"snapshot {snapshot.id}")
+        volume = self._records.get(source.id) if is_valid_lv_name(source.id) else None
+        if volume is None:
+            raise SourceNotFound(f"no volume {source.id!r} in the loop sandbox to clone volume {name!r} from")
+        return _Origin(self.image_path(volume.id), volume.size, f"volume {volume.id}")
+
+    def _data_used(self) -> int:
+        """Bytes the thin images and the snapshots hold on disk: a stat each (none without either)."""
+        used = sum(allocated_bytes(self.image_path(r.id)) for r in self._records.values() if r.thin)
+        return used + sum(allocated_bytes(self.snapshot_image_path(i)) for i in self._snapshots)
+
+    def _space(self) -> Space:
+        """The space as it is now (under :meth:`_mutating`)."""
+        return Space(
+            capacity=self.capacity_bytes,
+            thick=self._thick_bytes,
+            thin_virtual=self._thin_bytes,
+            data_used=self._data_used() if self._thin_bytes or self._snapshots else 0,
+            ratio=self.thin.overprovision_ratio,
+            full_percent=self.thin.full_percent,
+        )
+
+    def _fill_message(self, space: Space, pool: str | None = None) -> str:
+        label = f"{pool or DEFAULT_THIN_POOL} (the loop sandbox's work dir {self.work_dir}, {format_size(space.pool)})"
+        return fill_message(label, space.data_percent, 0.0, self.thin.full_percent)
+
+    def _admit(self, name: str, size: int, profile: Profile) -> None:
+        """OutOfRange (or PoolExhausted, for thin above the high-water mark) unless ``size`` bytes fit."""
+        space = self._space()
+        if profile.thin:
+            if space.full:
+                raise PoolExhausted(self._fill_message(space, profile.pool))
+            room = space.thin_admissible
+            if size > room:
+                raise OutOfRange(
+                    f"the loop sandbox's thin pool admits {format_size(room)} ({room} bytes) more of thin volumes "
+                    f"(pool {format_size(space.pool)}, {space.data_used} bytes of data, "
+                    f"{format_size(space.thin_virtual)} of thin volumes, overprovisioning ratio "
+                    f"{self.thin.overprovision_ratio:g}); volume {name!r} needs {format_size(size)}"
+                )
+            return
+        if size > space.free:
+            raise OutOfRange(
+                f"the loop sandbox has {format_size(space.free)} ({space.free} bytes) free of "
+                f"{format_size(self.capacity_bytes)}{self._held_by_thin(space)}; volume {name!r} needs {format_size(size)}"
+            )
+
+    @staticmethod
+    def _held_by_thin(space: Space) -> str:
+        if not (space.thin_virtual or space.data_used):
+            return ""
+        return (
+            f" ({format_size(space.thick)} of linear volumes, {space.data_used} bytes of thin data and snapshots, "
+            f"{space.promised} bytes promised to thin volumes)"
+        )
+
+    def _account(self, record: VolumeRecord, sign: int) -> None:
+        if record.thin:
+            self._thin_bytes += sign * record.size
+        else:
+            self._thick_bytes += sign * record.size
 
     def _forget(self, volume_id: str) -> None:
         record = self._records.pop(volume_id, None)
         if record is not None:
-            self._used_bytes -= record.size
+            self._account(record, -1)
 
-    def _create(self, record: VolumeRecord) -> Volume:
+    def _create(self, record: VolumeRecord, origin: _Origin | None = None) -> Volume:
         # One directory sync, in write_atomically after the rename, makes both
         # entries durable: until then a crash leaves at most leftovers, and the
         # create has not returned.
         image = self.image_path(record.id)
-        create_sparse_file(image, record.size)
+        how = "empty"
+        if origin is None:
+            create_sparse_file(image, record.size)
+        else:
+            try:
+                how = copy_image(origin.path, image, origin.size, record.size)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    _remove(image)  # a kill here leaves it: a leftover open() removes
+                raise
         device = ""
         try:
             device = self.loops.attach(str(image))
@@ -652,9 +1137,15 @@ class LoopBackend:
                 _remove(image)
             raise
         self._records[record.id] = record
-        self._used_bytes += record.size
+        self._account(record, +1)
         self._devices[record.id] = device
-        log.info("loop sandbox: created volume %s (%s) of %d bytes on %s", record.id, record.name, record.size, device)
+        if origin is None:
+            log.info("loop sandbox: created volume %s (%s) of %d bytes on %s", record.id, record.name, record.size, device)
+        else:
+            log.info(
+                "loop sandbox: created volume %s (%s) of %d bytes on %s from %s (%s)",
+                record.id, record.name, record.size, device, origin.label, how,
+            )
         return self._volume(record, device)
 
     def _discard(self, volume_id: str) -> None:
@@ -789,13 +1280,8 @@ class LoopBackend:
         with self._mutating():
             record = self._record(volume_id)
             target = expansion_target(record.size, size, self.granularity)
-            free = max(0, self.capacity_bytes - self._used_bytes)
-            if target - record.size > free:
-                raise OutOfRange(
-                    f"volume {volume_id} cannot grow from {format_size(record.size)} to {format_size(target)}: "
-                    f"the loop sandbox has {format_size(free)} ({free} bytes) free of "
-                    f"{format_size(self.capacity_bytes)}, so it can grow to at most {record.size + free} bytes"
-                )
+            if target > record.size:
+                self._admit_growth(record, target)
             image = self.image_path(volume_id)
             devices = {d: self.loops.size(d) for d in self._devices_of(volume_id)}
             if target == record.size:
@@ -818,7 +1304,8 @@ class LoopBackend:
                             set_file_size(image, before)
                         raise
                     self._records[volume_id] = grown
-                    self._used_bytes += target - record.size
+                    self._account(record, -1)
+                    self._account(grown, +1)
                 finally:
                     self._changed()
                 log.info("loop sandbox: expanded volume %s from %d to %d bytes", volume_id, record.size, target)
@@ -829,26 +1316,158 @@ class LoopBackend:
                     self.loops.set_capacity(device)
             return target
 
+    def _admit_growth(self, record: VolumeRecord, target: int) -> None:
+        """OutOfRange unless ``record`` may grow to ``target`` bytes: from the free space (linear), or
+        within the thin pool's overprovisioning bound and below its high-water mark (thin)."""
+        space, growth = self._space(), target - record.size
+        grow = f"volume {record.id} cannot grow from {format_size(record.size)} to {format_size(target)}"
+        if record.thin:
+            if space.full:
+                raise OutOfRange(f"{grow}: {self._fill_message(space, record.profile.pool)}")
+            room = space.thin_admissible
+            if growth > room:
+                raise OutOfRange(
+                    f"{grow}: the loop sandbox's thin pool admits {format_size(room)} ({room} bytes) more of "
+                    f"thin volumes at the overprovisioning ratio {self.thin.overprovision_ratio:g}, so it can grow "
+                    f"to at most {record.size + room} bytes"
+                )
+            return
+        if growth > space.free:
+            raise OutOfRange(
+                f"{grow}: the loop sandbox has {format_size(space.free)} ({space.free} bytes) free of "
+                f"{format_size(self.capacity_bytes)}{self._held_by_thin(space)}, so it can grow to at most "
+                f"{record.size + space.free} bytes"
+            )
+
     def modify_volume(self, volume_id: str, parameters: Mapping[str, str]) -> Volume:
-        """The sandbox has one layout: a change to ``type=linear`` is no change, any other is refused."""
+        """Only linear volumes are modified, and only to ``type=linear``, which is no change; any other is refused."""
         profile = parse_profile(parameters)  # InvalidParameters when malformed
         _check_volume_id(volume_id)
         with self._mutating():
             record = self._record(volume_id)
+            if record.thin:
+                raise InvalidParameters(
+                    f"volume {volume_id} is type=thin: the loop sandbox modifies only type=linear volumes "
+                    f"(it cannot move a volume in or out of its thin pool)"
+                )
             if profile.layout is not Layout.LINEAR:
                 raise InvalidParameters(
-                    f"the loop sandbox serves only type=linear; volume {volume_id} cannot become "
-                    f"type={profile.layout.value}: use the lvm backend for raid layouts"
+                    f"the loop sandbox modifies only type=linear volumes; volume {volume_id} cannot become "
+                    f"type={profile.layout.value}: use the lvm backend for raid and thin layouts"
                 )
             return self._attached_volume(record)
 
     def capacity(self, profile: Profile) -> Capacity:
-        if profile.layout is not Layout.LINEAR:
+        """Exact: a volume of ``maximum_volume_size`` is admitted.  Thin: what the pool admits (0 above
+        its high-water mark), floored to the granularity; linear: the free space."""
+        if profile.layout not in SERVED_LAYOUTS:
             return Capacity.none()
         with self._mutating():
-            used = self._used_bytes
-        available = max(0, self.capacity_bytes - used)
-        return Capacity(available, available // self.granularity * self.granularity, self.granularity)
+            space = self._space()
+        if profile.thin:
+            room = space.thin_admissible // self.granularity * self.granularity
+            return Capacity(room, room, self.granularity)
+        return Capacity(space.free, space.free // self.granularity * self.granularity, self.granularity)
+
+    # -- snapshots
+
+    def create_snapshot(self, name: str, source_volume_id: str) -> Snapshot:
+        """Copy the volume's image (read-only, holes kept) and commit it by renaming its metadata.
+
+        Idempotent by name: the snapshot ``name`` of the same volume is returned
+        as it was taken (same id, same creation time); of another volume it is
+        SnapshotExists.  PoolExhausted when the pool is above its high-water mark
+        or has no room for the copy's data.
+        """
+        if not name:
+            raise InvalidParameters("a snapshot name is required")
+        snapshot_id = snapshot_id_for(name)
+        with self._mutating():
+            existing = self._snapshots.get(snapshot_id)
+            if existing is not None:
+                if existing.name != name:
+                    raise SnapshotExists(
+                        f"snapshot id {snapshot_id} belongs to the snapshot named {existing.name!r}, not {name!r}"
+                    )
+                if existing.source_volume_id != source_volume_id:
+                    raise SnapshotExists(
+                        f"snapshot {name!r} exists, of volume {existing.source_volume_id!r}, not {source_volume_id!r}"
+                    )
+                return existing.snapshot
+            if snapshot_id in self._unreadable_snapshots:
+                raise SnapshotExists(
+                    f"snapshot id {snapshot_id} exists but its metadata {self.snapshot_metadata_path(snapshot_id)} "
+                    f"is unreadable"
+                )
+            source = self._records.get(source_volume_id) if is_valid_lv_name(source_volume_id) else None
+            if source is None:
+                raise SourceNotFound(f"no volume {source_volume_id!r} in the loop sandbox to snapshot")
+            space = self._space()
+            if space.full:
+                raise PoolExhausted(self._fill_message(space))
+            image = self.image_path(source.id)
+            need = min(allocated_bytes(image), source.size)
+            if need > space.free:
+                raise PoolExhausted(
+                    f"not enough space for snapshot {name!r}: volume {source.id} holds {need} bytes of data, "
+                    f"the loop sandbox has {space.free} bytes free of {format_size(self.capacity_bytes)}"
+                    f"{self._held_by_thin(space)}; delete volumes or snapshots"
+                )
+            record = SnapshotRecord(snapshot_id, name, source.id, source.size, time.time_ns())
+            self._bump_generation()
+            try:
+                self._discard_snapshot(snapshot_id)  # under the lock, files alone are a killed process's
+                snapshot_image = self.snapshot_image_path(snapshot_id)
+                try:
+                    how = copy_image(image, snapshot_image, source.size, source.size, read_only=True)
+                    write_atomically(self.snapshot_metadata_path(snapshot_id), record.to_json())
+                except BaseException:
+                    with contextlib.suppress(Exception):
+                        _remove(snapshot_image)  # a kill here leaves it: a leftover open() removes
+                    raise
+                self._snapshots[snapshot_id] = record
+            finally:
+                self._changed()
+            log.info(
+                "loop sandbox: snapshot %s (%s) of volume %s, %d bytes (%s)",
+                snapshot_id, name, source.id, source.size, how,
+            )
+            return record.snapshot
+
+    def _discard_snapshot(self, snapshot_id: str) -> None:
+        _remove(self.snapshot_image_path(snapshot_id))
+        _remove(self.snapshot_metadata_path(snapshot_id))
+
+    def delete_snapshot(self, snapshot_id: str) -> None:
+        """Remove the image, then the metadata (either alone is a leftover :meth:`open` removes)."""
+        if not is_snapshot_id(snapshot_id):
+            return  # no such snapshot can exist; never build a path from it
+        image, metadata = self.snapshot_image_path(snapshot_id), self.snapshot_metadata_path(snapshot_id)
+        with self._mutating():
+            if not (image.exists() or metadata.exists()):
+                return
+            self._bump_generation()
+            try:
+                _remove(image)
+                self._snapshots.pop(snapshot_id, None)
+                _remove(metadata)
+                _fsync_dir(self.snapshots_dir)
+            finally:
+                self._changed()
+            log.info("loop sandbox: deleted snapshot %s", snapshot_id)
+
+    def get_snapshot(self, snapshot_id: str) -> Snapshot:
+        if not is_snapshot_id(snapshot_id):
+            raise SnapshotNotFound(f"no snapshot {snapshot_id!r}: not a snapshot id of the loop sandbox")
+        with self._mutating():
+            record = self._snapshots.get(snapshot_id)
+            if record is None:
+                raise SnapshotNotFound(f"no snapshot {snapshot_id!r} in the loop sandbox")
+            return record.snapshot
+
+    def list_snapshots(self) -> list[Snapshot]:
+        with self._mutating():
+            return [self._snapshots[i].snapshot for i in sorted(self._snapshots)]
 
     # -- for test harnesses
 
