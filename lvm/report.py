@@ -80,6 +80,7 @@ class LogicalVolumeInfo:
     data_percent: float | None = None  # thin pool / thin LV: data fill; COW snapshot: COW fill
     metadata_percent: float | None = None  # thin pool: metadata fill
     snapshot_invalid: bool = False  # a COW snapshot that overflowed or failed: its data is gone
+    roles: tuple[str, ...] = ()  # lv_role: public, origin, thickorigin, snapshot, thicksnapshot, thinsnapshot...
 
     @property
     def is_thin_pool(self) -> bool:
@@ -91,7 +92,8 @@ class LogicalVolumeInfo:
 
     @property
     def is_cow_snapshot(self) -> bool:
-        return self.segtype == "snapshot"
+        """A thick (copy-on-write) snapshot: its own segments are linear, its role says what it is."""
+        return "thicksnapshot" in self.roles
 
     @property
     def pvs(self) -> tuple[str, ...]:
@@ -200,11 +202,16 @@ def _parse_entry(entry: Mapping[str, Any], vg_name: str) -> Report:
         for record in records
     }
     attr_by_name = {record["lv_name"].strip("[]"): record.get("lv_attr", "") for record in records}
-    lvs = [
-        _parse_lv(vg_name, record, segments_by_name, attr_by_name)
-        for record in records
-        if not is_hidden_lv_name(record["lv_name"]) and "private" not in record.get("lv_role", "").split(",")
-    ]
+    def listed(record: Mapping[str, Any]) -> bool:
+        """Visible LVs, and thin pools (lvm2 calls them private, but they are named and csilvm needs them)."""
+        if is_hidden_lv_name(record["lv_name"]):
+            return False
+        segments = segments_by_name.get(record["lv_name"], [])
+        return "private" not in record.get("lv_role", "").split(",") or (
+            bool(segments) and segments[0].get("segtype") == "thin-pool"
+        )
+
+    lvs = [_parse_lv(vg_name, record, segments_by_name, attr_by_name) for record in records if listed(record)]
     return Report(vg=vg, pvs=pvs, lvs=tuple(sorted(lvs, key=lambda lv: lv.name)))
 
 
@@ -289,4 +296,5 @@ def _parse_lv(
         data_percent=_percent(record.get("data_percent")),
         metadata_percent=_percent(record.get("metadata_percent")),
         snapshot_invalid=record.get("lv_snapshot_invalid") == "snapshot invalid",
+        roles=tuple(r for r in (record.get("lv_role") or "").split(",") if r),
     )

@@ -865,6 +865,13 @@ class LvmBackend:
                 self.lvm2.lvextend(self.vg_name, volume_id, target // extent_size)
                 log.info("grew thin volume %s/%s from %d to %d bytes", self.vg_name, volume_id, lv.size, target)
                 return target
+            snapshots = report.cow_snapshots_of(volume_id)
+            if snapshots and size.required > lv.size:
+                raise VolumeHasSnapshots(
+                    f"volume {volume_id} has snapshot(s) {', '.join(sorted(s.name for s in snapshots))}: lvm2 does not "
+                    f"grow an active thick volume that has copy-on-write snapshots; delete them (restoring them "
+                    f"into new volumes first if they are needed), then grow it"
+                )
             granularity = len(lv.legs) if profile.layout is Layout.RAID0 else 1
             target = expansion_target(lv.size, size, granularity * extent_size)
             if target == lv.size:
@@ -888,12 +895,6 @@ class LvmBackend:
                 raise InvalidParameters(
                     f'logical volume "{self.vg_name}/{volume_id}" has a layout csilvm does not manage '
                     f"({', '.join(lv.segtypes)}): change it with lvconvert by hand"
-                )
-            snapshots = report.cow_snapshots_of(volume_id)
-            if snapshots and parameters and parse_profile({**have.as_parameters(), **parameters}) != have:
-                raise VolumeHasSnapshots(
-                    f"volume {volume_id} has copy-on-write snapshot(s) {', '.join(sorted(s.name for s in snapshots))}: "
-                    f"lvm2 changes the layout of a volume only without them; delete them first"
                 )
             merged = {**have.as_parameters(), **parameters}
             if "type" in parameters and parameters["type"] != have.layout.value:
