@@ -222,11 +222,60 @@ def list_(ctx):
 @click.option("--limit", type=SIZE, default=0, help="limit bytes")
 @click.option("--param", "-p", multiple=True, help="profile parameter key=value")
 @click.option("--block", is_flag=True)
+@click.option("--from-snapshot", default="", help="restore this snapshot into the new volume")
+@click.option("--from-volume", default="", help="clone this volume into the new volume")
 @click.pass_context
-def create(ctx, name, size, limit, param, block):
-    """Create a volume (idempotent by NAME)."""
-    volume = _call(ctx.obj["client"].create, name, size, limit, _key_values(param), block=block)
+def create(ctx, name, size, limit, param, block, from_snapshot, from_volume):
+    """Create a volume (idempotent by NAME), empty or from a snapshot or a volume."""
+    if from_snapshot and from_volume:
+        raise click.UsageError("--from-snapshot and --from-volume exclude each other")
+    volume = _call(
+        ctx.obj["client"].create, name, size, limit, _key_values(param), block=block,
+        from_snapshot=from_snapshot, from_volume=from_volume,
+    )
     _emit(ctx, volume, f"{volume.volume_id}\t{format_size(volume.capacity_bytes)}")
+
+
+def _snapshot_line(s) -> str:
+    ready = "ready" if s.ready_to_use else "not ready"
+    return f"{s.snapshot_id}\t{s.source_volume_id}\t{format_size(s.size_bytes)}\t{s.creation_time.ToJsonString()}\t{ready}"
+
+
+@client.command()
+@click.argument("name")
+@click.argument("volume_id")
+@click.pass_context
+def snapshot(ctx, name, volume_id):
+    """Snapshot a volume (idempotent by NAME)."""
+    taken = _call(ctx.obj["client"].snapshot, name, volume_id)
+    _emit(ctx, taken, _snapshot_line(taken))
+
+
+@client.command()
+@click.option("--volume", "source_volume_id", default="", help="only the snapshots of this volume")
+@click.pass_context
+def snapshots(ctx, source_volume_id):
+    """Every snapshot: id, source volume, size, creation time, readiness."""
+    response = _call(ctx.obj["client"].list_snapshots, source_volume_id=source_volume_id)
+    entries = [e.snapshot for e in response.entries]
+    while response.next_token:
+        response = _call(ctx.obj["client"].list_snapshots, starting_token=response.next_token, source_volume_id=source_volume_id)
+        entries += [e.snapshot for e in response.entries]
+    if ctx.obj["json"]:
+        from plugin.client import as_dict
+
+        _emit(ctx, [as_dict(s) for s in entries], "")
+        return
+    for s in entries:
+        click.echo(_snapshot_line(s))
+
+
+@client.command("delete-snapshot")
+@click.argument("snapshot_id")
+@click.pass_context
+def delete_snapshot(ctx, snapshot_id):
+    """Delete a snapshot (an unknown id is success)."""
+    _emit(ctx, _call(ctx.obj["client"].delete_snapshot, snapshot_id), f"deleted snapshot {snapshot_id}")
 
 
 @client.command()
