@@ -193,7 +193,18 @@ class Core:
         dirty data and journal out first.
         """
         device = None if self.backend.snapshots_quiesce else self.backend.device_of(volume_id)
-        mounts = read_mount_table().of_device(device) if device else []
+        if not device:
+            yield
+            return
+        # Writes through a published block device may still sit in the device's page cache.
+        descriptor = os.open(device, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+        rdev = os.stat(device).st_rdev
+        # The file system's mounts (a block volume's bind mount onto a file shows the device node, not a file system).
+        mounts = [m for m in read_mount_table().of_device(device) if shows_device(m, rdev) and os.path.isdir(m.mount_point)]
         if not mounts:
             yield
             return

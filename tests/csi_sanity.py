@@ -28,6 +28,13 @@ NOT_ADVERTISED = (
     "Volume Cloning not supported",
     "GroupControllerService not supported",
 )
+# csi-sanity v5.4.0 predates CSI 1.12: its ControllerGetCapabilities spec fails at the first capability it does
+# not know ("Unknown capability: GET_SNAPSHOT"). csilvm lists GET_SNAPSHOT last, so by then the spec has checked
+# every other capability; that failure, with that message and no other, is the suite's gap, not the plugin's.
+SUITE_GAPS = {
+    "Controller Service [Controller Server] ControllerGetCapabilities [It] should return appropriate capabilities":
+        "[FAILED] Unknown capability: GET_SNAPSHOT",
+}
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _SUMMARY = re.compile(r"(\d+) Passed \| (\d+) Failed \| (\d+) Pending \| (\d+) Skipped")
 
@@ -56,6 +63,19 @@ class SanityRun:
     @property
     def failures(self) -> list[str]:
         return sorted({line.strip() for line in self.output.splitlines() if line.strip().startswith("[FAIL]")})
+
+    @property
+    def real_failures(self) -> list[str]:
+        """Failed specs, less the suite's own gaps (SUITE_GAPS) when they failed for exactly their known reason."""
+        unknown = re.findall(r"\[FAILED\] Unknown capability: (\S+)", self.output)
+        return [
+            f for f in self.failures
+            if not (
+                f.removeprefix("[FAIL] ") in SUITE_GAPS
+                and SUITE_GAPS[f.removeprefix("[FAIL] ")] in self.output
+                and set(unknown) == {"GET_SNAPSHOT"}
+            )
+        ]
 
     @property
     def unexpected_skips(self) -> list[str]:
@@ -96,6 +116,9 @@ def check(result: SanityRun) -> None:
     passed, failed, _, _ = result.counts
     tail = "\n".join(result.output.splitlines()[-60:])
     assert result.ran > 0 and passed > 0, f"csi-sanity ran no spec:\n{tail}"
-    assert failed == 0 and result.returncode == 0, f"csi-sanity: {result.summary}\n" + "\n".join(result.failures) + f"\n{tail}"
+    tolerated = len(result.failures) - len(result.real_failures)
+    assert failed == tolerated and not result.real_failures and (result.returncode == 0 or tolerated), (
+        f"csi-sanity: {result.summary}\n" + "\n".join(result.failures) + f"\n{tail}"
+    )
     assert not result.unexpected_skips, f"specs skipped for another reason than an unadvertised capability: {result.unexpected_skips}"
     print(f"csi-sanity: {result.summary}")

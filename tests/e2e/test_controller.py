@@ -158,10 +158,13 @@ def test_kubernetes_extra_create_metadata_is_ignored(csi):
         pb.CreateVolumeRequest(
             name="clone",
             volume_capabilities=[volume_capability()],
-            volume_content_source=pb.VolumeContentSource(volume=pb.VolumeContentSource.VolumeSource(volume_id="x")),
+            volume_content_source=pb.VolumeContentSource(volume=pb.VolumeContentSource.VolumeSource(volume_id="")),
+        ),
+        pb.CreateVolumeRequest(
+            name="restore", volume_capabilities=[volume_capability()], volume_content_source=pb.VolumeContentSource(),
         ),
     ],
-    ids=["no-name", "no-capabilities", "no-access-mode", "content-source"],
+    ids=["no-name", "no-capabilities", "no-access-mode", "content-source-without-id", "content-source-empty"],
 )
 def test_malformed_create_is_invalid_argument(csi, request_):
     assert code_of(csi.controller.CreateVolume, request_) == grpc.StatusCode.INVALID_ARGUMENT

@@ -123,7 +123,9 @@ def test_mesos_like_handshake(v0):
     assert v0.identity.Probe(pb.ProbeRequest(), timeout=TIMEOUT).ready.value is True
     rpc = pb.ControllerServiceCapability.RPC
     controller_caps = v0.controller.ControllerGetCapabilities(pb.ControllerGetCapabilitiesRequest(), timeout=TIMEOUT)
-    assert {c.rpc.type for c in controller_caps.capabilities} == {rpc.CREATE_DELETE_VOLUME, rpc.LIST_VOLUMES, rpc.GET_CAPACITY}
+    assert {c.rpc.type for c in controller_caps.capabilities} == {
+        rpc.CREATE_DELETE_VOLUME, rpc.LIST_VOLUMES, rpc.GET_CAPACITY, rpc.CREATE_DELETE_SNAPSHOT, rpc.LIST_SNAPSHOTS,
+    }
     node_caps = v0.node.NodeGetCapabilities(pb.NodeGetCapabilitiesRequest(), timeout=TIMEOUT).capabilities
     assert [c.rpc.type for c in node_caps] == [pb.NodeServiceCapability.RPC.STAGE_UNSTAGE_VOLUME]
     assert v0.node.NodeGetId(pb.NodeGetIdRequest(), timeout=TIMEOUT).node_id == "test-node"
@@ -250,9 +252,9 @@ INVALID_REQUESTS = {
         name="x", volume_capabilities=[pb.VolumeCapability(access_mode=_MODE(mode=_MODE.SINGLE_NODE_WRITER))])),
     "create with access mode missing": ("controller", "CreateVolume", pb.CreateVolumeRequest(
         name="x", volume_capabilities=[pb.VolumeCapability(mount=pb.VolumeCapability.MountVolume())])),
-    "create from a snapshot": ("controller", "CreateVolume", pb.CreateVolumeRequest(
+    "create from a snapshot without its id": ("controller", "CreateVolume", pb.CreateVolumeRequest(
         name="x", volume_capabilities=[MOUNT],
-        volume_content_source=pb.VolumeContentSource(snapshot=pb.VolumeContentSource.SnapshotSource(id="s")))),
+        volume_content_source=pb.VolumeContentSource(snapshot=pb.VolumeContentSource.SnapshotSource()))),
     "create with negative size": ("controller", "CreateVolume", pb.CreateVolumeRequest(
         name="x", volume_capabilities=[MOUNT], capacity_range=pb.CapacityRange(required_bytes=-1))),
     "delete without id": ("controller", "DeleteVolume", pb.DeleteVolumeRequest()),
@@ -293,7 +295,12 @@ def test_unknown_volume_and_unoffered_rpcs(v0, co_paths):
     publish = pb.ControllerPublishVolumeRequest(volume_id="x", node_id="test-node", volume_capability=MOUNT)
     assert code_of(v0.controller.ControllerPublishVolume, publish, timeout=TIMEOUT) == grpc.StatusCode.UNIMPLEMENTED
     snapshot = pb.CreateSnapshotRequest(source_volume_id="x", name="s")
-    assert code_of(v0.controller.CreateSnapshot, snapshot, timeout=TIMEOUT) == grpc.StatusCode.UNIMPLEMENTED
+    assert code_of(v0.controller.CreateSnapshot, snapshot, timeout=TIMEOUT) == grpc.StatusCode.NOT_FOUND
+    restore = pb.CreateVolumeRequest(
+        name="r", volume_capabilities=[MOUNT],
+        volume_content_source=pb.VolumeContentSource(snapshot=pb.VolumeContentSource.SnapshotSource(id="nope")),
+    )
+    assert code_of(v0.controller.CreateVolume, restore, timeout=TIMEOUT) == grpc.StatusCode.NOT_FOUND
 
 
 # --------------------------------------------------------------------- which versions are served
