@@ -1,5 +1,5 @@
 """Benchmark: start-up time, idle memory and RPC latencies of `csilvm serve` on the loop sandbox,
-and lvm2 invocations per RPC for the lvm backend (against the fake lvm2, which counts them).
+snapshot and restore times against a `cp` floor (bench/snapshots.py), and lvm2 invocations per RPC for the lvm backend (against the fake lvm2, which counts them).
 
 Prints a table and writes the figures to bench/results.json.  Needs root (loop devices, mounts).
 
@@ -154,6 +154,9 @@ def bench_loop(rounds: int) -> dict:
         lat["Probe (16 CreateVolume in flight)"] = summary(probes)
         results["probe_p99_ms_under_16_creates"] = lat["Probe (16 CreateVolume in flight)"]["p99_ms"]
         results["latency"] = lat
+        from bench.snapshots import bench_snapshots
+
+        results["snapshot_1GiB_512MiB_data"] = bench_snapshots(client, root, root / "work")
         client.close()
         plugin.stop()
     finally:
@@ -227,6 +230,11 @@ def render_table(r: dict) -> str:
     for name, s in r["latency"].items():
         target = f"p99 < {TARGETS['probe_p99_ms_under_16_creates']} ms" if "in flight" in name else ""
         lines.append(f"| {name} p50 / p99 | {s['p50_ms']} / {s['p99_ms']} ms | {target} |")
+    for profile, f in r.get("snapshot_1GiB_512MiB_data", {}).items():
+        lines.append(
+            f"| sandbox {profile}: CreateSnapshot / restore of 1 GiB holding 512 MiB | {f['snapshot_s']} / {f['restore_s']} s "
+            f"(x{f['snapshot_ratio']} / x{f['restore_ratio']} of cp: {f['cp_floor_s']} s) | |"
+        )
     for name, n in r["lvm2_invocations_per_rpc"].items():
         lines.append(f"| lvm2 invocations: {name} | {n} | |")
     return "\n".join(lines)

@@ -151,7 +151,8 @@ def test_mounted_file_system_snapshot_restores_consistent(snap, profile):
     csi.stage(rid, str(r_staging), fs_type="ext4")  # grows the file system to the larger volume
     csi.publish(rid, str(r_staging), str(r_target), fs_type="ext4")
     assert (r_target / "data").read_bytes() == old
-    assert os.statvfs(r_target).f_blocks * os.statvfs(r_target).f_frsize > 40 * MiB
+    # Grown: a file system made on the 32 MiB source has less than 32 MiB of blocks.
+    assert os.statvfs(r_target).f_blocks * os.statvfs(r_target).f_frsize > 36 * MiB
     for vid, st, tg in ((rid, r_staging, r_target), (src, staging, target)):
         csi.unpublish(vid, str(tg))
         csi.unstage(vid, str(st))
@@ -168,9 +169,14 @@ def test_list_snapshots_pages_and_filters(snap):
     ids = {csi.snapshot(name, src).snapshot_id for name, src in (("l1", a), ("l2", a), ("l3", b))}
     first = csi.list_snapshots(max_entries=2)
     assert len(first.entries) == 2 and first.next_token
-    second = csi.list_snapshots(max_entries=2, starting_token=first.next_token)
-    seen = {e.snapshot.snapshot_id for e in (*first.entries, *second.entries)}
-    assert ids <= seen
+    seen, page = [], first
+    while True:
+        assert len(page.entries) <= 2
+        seen += [e.snapshot.snapshot_id for e in page.entries]
+        if not page.next_token:
+            break
+        page = csi.list_snapshots(max_entries=2, starting_token=page.next_token)
+    assert len(seen) == len(set(seen)) and ids <= set(seen)
     assert {e.snapshot.snapshot_id for e in csi.list_snapshots(source_volume_id=a).entries} == {
         s for s in ids if csi.get_snapshot(s).source_volume_id == a
     }
@@ -229,47 +235,51 @@ def test_thin_overprovisioning_and_high_water_mark(tmp_path):
         devices.close()
 
 
-def test_kill_9_during_a_thick_copy_then_the_retry_converges(snap):
-    vg, plugin, directory = snap
-    csi = plugin.client
-    size = 192 * MiB
-    src = csi.create("kill-src", size, parameters=PROFILES["linear"], block=True).volume_id
-    target = directory / "kill-src"
-    csi.publish(src, "", str(target), block=True)
-    data = pattern("kill", size)
-    write(target, data)
-    snapshot = csi.snapshot("kill-snap", src).snapshot_id
+def test_kill_9_during_a_thick_copy_then_the_retry_converges(tmp_path):
+    devices, plugins = Loops(tmp_path), LvmPlugins(tmp_path)
+    try:
+        vg = vg_name()
+        plugin = plugins(vg, devices(400, 400, 400))
+        csi = plugin.client
+        size = 192 * MiB
+        src = csi.create("kill-src", size, parameters=PROFILES["linear"], block=True).volume_id
+        target = tmp_path / "kill-src"
+        csi.publish(src, "", str(target), block=True)
+        data = pattern("kill", size)
+        write(target, data)
+        snapshot = csi.snapshot("kill-snap", src).snapshot_id
 
-    errors: list[BaseException] = []
+        errors: list[BaseException] = []
 
-    def restore():
-        try:
-            csi.create("kill-restored", size, parameters=PROFILES["raid1"], block=True, from_snapshot=snapshot)
-        except BaseException as exc:  # the kill cuts the call
-            errors.append(exc)
+        def restore():
+            try:
+                csi.create("kill-restored", size, parameters=PROFILES["raid1"], block=True, from_snapshot=snapshot)
+            except BaseException as exc:  # the kill cuts the call
+                errors.append(exc)
 
-    caller = threading.Thread(target=restore)
-    caller.start()
-    # Kill the plugin while it holds the new LV open: in the middle of the copy.
-    deadline = time.monotonic() + 300
-    device = f"/dev/{vg}/kill-restored"
-    while time.monotonic() < deadline and not copying(plugin.proc.pid, device):
-        time.sleep(0.005)
-    assert copying(plugin.proc.pid, device), "the copy onto the restored LV was never seen"
-    plugin.kill()
-    caller.join(60)
-    assert errors, "the CreateVolume call survived a kill -9 of the plugin"
-    assert "csilvm.incomplete" in lvs(vg, "lv_tags")["kill-restored"]["lv_tags"]
-    csi = plugin.start(timeout=180)
-    listed = {v.volume_id for v in csi.all_volumes()}
-    assert "kill-restored" in listed
-    condition = csi.get_volume("kill-restored").status.volume_condition
-    assert condition.abnormal and "incomplete" in condition.message
-    restored = csi.create("kill-restored", size, parameters=PROFILES["raid1"], block=True, from_snapshot=snapshot)
-    assert "csilvm.incomplete" not in lvs(vg, "lv_tags")["kill-restored"]["lv_tags"]
-    assert restored.volume_id == "kill-restored"
-    assert hashlib.sha256(read(f"/dev/{vg}/kill-restored", size)).digest() == hashlib.sha256(data).digest()
-    csi.unpublish(src, str(target))
-    csi.delete("kill-restored")
-    csi.delete_snapshot(snapshot)
-    csi.delete(src)
+        caller = threading.Thread(target=restore)
+        caller.start()
+        # Kill the plugin while it holds the new LV open: in the middle of the copy.
+        device = f"/dev/{vg}/kill-restored"
+        while caller.is_alive() and not copying(plugin.proc.pid, device):
+            time.sleep(0.002)
+        assert copying(plugin.proc.pid, device), f"the copy was never seen: {errors}\n{plugin.log()[-3000:]}"
+        plugin.kill()
+        caller.join(60)
+        assert errors, "the CreateVolume call survived a kill -9 of the plugin"
+        assert "csilvm.incomplete" in lvs(vg, "lv_tags")["kill-restored"]["lv_tags"]
+        csi = plugin.start(timeout=180)
+        assert "kill-restored" in {v.volume_id for v in csi.all_volumes()}
+        condition = csi.get_volume("kill-restored").status.volume_condition
+        assert condition.abnormal and "incomplete" in condition.message
+        staging = tmp_path / "st-kill"
+        staging.mkdir()
+        assert code_of(csi.publish, "kill-restored", "", str(tmp_path / "tg-kill"), block=True) == grpc.StatusCode.FAILED_PRECONDITION
+        restored = csi.create("kill-restored", size, parameters=PROFILES["raid1"], block=True, from_snapshot=snapshot)
+        assert restored.volume_id == "kill-restored"
+        assert "csilvm.incomplete" not in lvs(vg, "lv_tags")["kill-restored"]["lv_tags"]
+        assert hashlib.sha256(read(device, size)).digest() == hashlib.sha256(data).digest()
+        csi.unpublish(src, str(target))
+    finally:
+        plugins.close()
+        devices.close()
