@@ -49,17 +49,15 @@ def write(path: Path | str, data: bytes) -> None:
 
 
 def copying(pid: int, device: str) -> bool:
-    """Whether process ``pid`` has ``device`` open."""
-    if not os.path.exists(device):
-        return False
-    wanted = os.path.realpath(device)
+    """Whether process ``pid`` has ``device`` open (compared by device number, whatever path it used)."""
     try:
+        rdev = os.stat(device).st_rdev
         fds = os.listdir(f"/proc/{pid}/fd")
     except OSError:
         return False
     for fd in fds:
         try:
-            if os.readlink(f"/proc/{pid}/fd/{fd}") == wanted:
+            if os.stat(f"/proc/{pid}/fd/{fd}").st_rdev == rdev:
                 return True
         except OSError:
             continue
