@@ -104,6 +104,12 @@ def test_block_snapshot_restore_and_clone_give_back_the_bytes(snap, profile):
     assert read(device, 8 * MiB, size) == bytes(8 * MiB)
     assert code_of(csi.create, f"small-{profile}", size - 4 * MiB, parameters=PROFILES[profile], block=True, from_snapshot=snapshot.snapshot_id) == grpc.StatusCode.OUT_OF_RANGE
 
+    # Across kinds: a thin snapshot restored into a thick volume, a thick one into a thin volume (block copies).
+    other = PROFILES["linear" if profile == "thin" else "thin"]
+    across = csi.create(f"across-{profile}", size, parameters=other, block=True, from_snapshot=snapshot.snapshot_id)
+    assert read(f"/dev/{vg}/{across.volume_id}", size) == old
+    csi.delete(across.volume_id)
+
     clone = csi.create(f"clone-{profile}", size, parameters=PROFILES[profile], block=True, from_volume=src)
     assert clone.content_source.volume.volume_id == src
     assert read(f"/dev/{vg}/{clone.volume_id}", size) == new
