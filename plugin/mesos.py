@@ -132,7 +132,7 @@ def preprovision(backend, volumes: Mapping[str, int], state_file: Path) -> None:
     """
     from lvm.backend import SizeRange
     from lvm.profiles import LINEAR
-    from lvm.sandbox import write_atomically
+    from lvm.images import write_atomically
 
     done = _read_provisioned(state_file)
     for name, size in sorted(volumes.items()):

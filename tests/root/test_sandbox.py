@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from lvm import loop, sandbox
+from lvm import images, loop, sandbox_state
 from lvm.backend import Capacity, Condition, SizeRange
 from lvm.command import SubprocessRunner
 from lvm.errors import OutOfRange, VolumeBusy, VolumeExists, VolumeNotFound
@@ -92,7 +92,7 @@ def block_size(device: str) -> int:
 
 
 def metadata_size(backend: LoopBackend, volume_id: str) -> int:
-    return sandbox.parse_metadata(volume_id, backend.metadata_path(volume_id).read_text()).size
+    return sandbox_state.parse_metadata(volume_id, backend.metadata_path(volume_id).read_text()).size
 
 
 def test_probe(work_dir):
@@ -226,7 +226,7 @@ def test_leftovers_of_an_interrupted_create_are_repaired(work_dir, tmp_path):
 
 def _create_and_die_before_commit(work_dir: Path) -> None:
     """Child: create a volume, SIGKILLed after attaching the image, before writing its metadata."""
-    sandbox.write_atomically = lambda path, text: os.kill(os.getpid(), signal.SIGKILL)
+    images.write_atomically = lambda path, text: os.kill(os.getpid(), signal.SIGKILL)
     make(work_dir).create_volume("v", SizeRange(), LINEAR)
     os._exit(0)
 
@@ -429,7 +429,7 @@ def _expand_and_die(work_dir: Path, where: str, size: int) -> None:
     """Child: expand v to ``size``, SIGKILLed before the metadata's rename or before LOOP_SET_CAPACITY."""
     kill = lambda *args: os.kill(os.getpid(), signal.SIGKILL)  # noqa: E731
     if where == "before rename":
-        sandbox.write_atomically = kill
+        images.write_atomically = kill
     else:
         loop.set_capacity = kill
     make(work_dir).expand_volume("v", SizeRange(required=size))

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from lvm import loop, sandbox
+from lvm import images, loop, sandbox_state
 from lvm.backend import Capacity, ContentSource, SizeRange
 from lvm.command import SubprocessRunner
 from lvm.errors import (
@@ -245,21 +245,21 @@ def _die_during(work_dir: Path, what: str, where: str) -> None:
     """Child: snapshot or restore, SIGKILLed in the middle of the copy or before the metadata's rename."""
     kill = lambda *args, **kwargs: os.kill(os.getpid(), signal.SIGKILL)  # noqa: E731
     if where == "mid-copy":
-        original = sandbox._copy_range
+        original = images._copy_range
 
         def copy_then_die(src_fd, dst_fd, start, end):
             original(src_fd, dst_fd, start, min(end, start + MiB))
             kill()
 
-        sandbox._reflink = lambda *args: False
-        sandbox._copy_range = copy_then_die
+        images._reflink = lambda *args: False
+        images._copy_range = copy_then_die
     else:
-        sandbox.write_atomically = kill
+        images.write_atomically = kill
     backend = make(work_dir)
     if what == "snapshot":
         backend.create_snapshot("s", "v")
     else:
-        backend.create_volume("r", SizeRange(), LINEAR, ContentSource(ContentSource.SNAPSHOT, sandbox.snapshot_id_for("s")))
+        backend.create_volume("r", SizeRange(), LINEAR, ContentSource(ContentSource.SNAPSHOT, sandbox_state.snapshot_id_for("s")))
     os._exit(0)
 
 
@@ -321,7 +321,7 @@ def test_copy_image_reflinks_where_the_file_system_can(loop_device, root_tmp_pat
             f.truncate(64 * MiB)
             f.seek(32 * MiB)
             f.write(b"DATA" * 1024)
-        how = sandbox.copy_image(src, where / "dst.img", 64 * MiB, 80 * MiB, read_only=True)
+        how = images.copy_image(src, where / "dst.img", 64 * MiB, 80 * MiB, read_only=True)
         dst = where / "dst.img"
         assert os.path.getsize(dst) == 80 * MiB and stat.S_IMODE(os.stat(dst).st_mode) == 0o444
         assert read_at(str(dst), 32 * MiB, 4096) == b"DATA" * 1024 and read_at(str(dst), 70 * MiB, 8) == bytes(8)
@@ -381,7 +381,7 @@ def test_thin_admits_exactly_ratio_times_the_pool(work_dir):
 def test_thin_volumes_are_recorded_with_their_pool(work_dir):
     backend = make(work_dir)
     vol = backend.create_volume("t", SizeRange(), Profile(Layout.THIN, pool="mypool"))
-    assert dict(sandbox.parse_metadata("t", backend.metadata_path("t").read_text()).parameters) == {
+    assert dict(sandbox_state.parse_metadata("t", backend.metadata_path("t").read_text()).parameters) == {
         "type": "thin", "pool": "mypool",
     }
     backend.close()

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from lvm import sandbox
+from lvm import images
 from lvm.backend import ContentSource, SizeRange
 from lvm.profiles import LINEAR
-from lvm.sandbox import snapshot_id_for
+from lvm.sandbox_state import snapshot_id_for
 from lvm.units import MiB
 from tests.unit.test_sandbox_state import FakeLoops, make_backend
 
@@ -46,7 +46,7 @@ def _run_and_kill_at(work: Path, step: int, action: str) -> None:
         return wrapper
 
     backend = make_backend(work, FakeLoops())
-    sandbox._reflink = lambda src_fd, dst_fd: False  # the data-range copy: the longer path
+    images._reflink = lambda src_fd, dst_fd: False  # the data-range copy: the longer path
     for name in _STEPS:
         setattr(os, name, killing(getattr(os, name)))
     if action == "snapshot":

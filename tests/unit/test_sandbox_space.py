@@ -7,16 +7,15 @@ import os
 
 import pytest
 
-from lvm import sandbox
+from lvm import images
 from lvm.backend import ContentSource, SizeRange
 from lvm.names import is_valid_lv_name
 from lvm.profiles import LINEAR
-from lvm.sandbox import (
+from lvm.images import copy_image, data_ranges
+from lvm.sandbox_state import (
     SnapshotRecord,
     Space,
     VolumeRecord,
-    copy_image,
-    data_ranges,
     is_compatible,
     is_snapshot_id,
     parse_metadata,
@@ -143,7 +142,7 @@ def test_copy_by_hand_when_the_kernel_cannot_copy_ranges(tmp_path, monkeypatch):
         raise OSError(errno.EXDEV, "cross-device")
 
     monkeypatch.setattr(os, "copy_file_range", refuse)
-    monkeypatch.setattr(sandbox, "_reflink", lambda src_fd, dst_fd: False)
+    monkeypatch.setattr(images, "_reflink", lambda src_fd, dst_fd: False)
     src = tmp_path / "src"
     _sparse_file(src, 8 * MiB, {MiB: b"\x01" * (2 * MiB), 5 * MiB: bytes(MiB)})  # data, and written zeros
     assert copy_image(src, tmp_path / "dst", 8 * MiB, 8 * MiB) == "sparse copy"

@@ -16,9 +16,9 @@ from lvm.errors import BackendUnavailable, CommandFailed, InvalidParameters, Out
 from lvm.loop import LoopDevice, list_attached, mount_points_of, parse_backing_file, wipe_ends
 from lvm.names import lv_name_for
 from lvm.profiles import LINEAR, Layout, Profile
-from lvm.sandbox import (
+from lvm.sandbox import LoopBackend
+from lvm.sandbox_state import (
     DirScan,
-    LoopBackend,
     VolumeRecord,
     classify_entries,
     image_size_for,
@@ -774,7 +774,7 @@ def test_a_re_attach_never_shows_more_than_the_metadata(tmp_path):
 
 
 def test_a_failed_metadata_write_puts_the_image_back(tmp_path, monkeypatch):
-    from lvm import sandbox
+    from lvm import images
 
     loops = FakeLoops()
     backend = make_backend(tmp_path, loops)
@@ -783,7 +783,7 @@ def test_a_failed_metadata_write_puts_the_image_back(tmp_path, monkeypatch):
     def full(path, text):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(sandbox, "write_atomically", full)
+    monkeypatch.setattr(images, "write_atomically", full)
     with pytest.raises(OSError, match="No space"):
         backend.expand_volume("v", SizeRange(16 * MiB))
     assert os.path.getsize(backend.image_path("v")) == 8 * MiB and loops.sizes[volume.device] == 8 * MiB
