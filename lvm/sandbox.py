@@ -872,7 +872,7 @@ class LoopBackend:
                     f"the loop sandbox has {space.free} bytes free of {format_size(self.capacity_bytes)}"
                     f"{self._held_by_thin(space)}; delete volumes or snapshots"
                 )
-            record = SnapshotRecord(snapshot_id, name, source.id, source.size, time.time_ns())
+            record = SnapshotRecord(snapshot_id, name, source.id, source.size, time.time_ns(), source.parameters)
             self._bump_generation()
             try:
                 self._discard_snapshot(snapshot_id)  # under the lock, files alone are a killed process's

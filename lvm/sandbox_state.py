@@ -119,6 +119,7 @@ class SnapshotRecord:
     source_volume_id: str
     size: int  # the source volume's size when it was taken
     created_ns: int  # nanoseconds since the epoch
+    parameters: tuple[tuple[str, str], ...] = ()  # the source's profile when it was taken (sorted pairs)
 
     @property
     def snapshot(self) -> Snapshot:
@@ -136,6 +137,7 @@ class SnapshotRecord:
                 "source_volume_id": self.source_volume_id,
                 "size": self.size,
                 "created_ns": self.created_ns,
+                "parameters": dict(self.parameters),
             },
             sort_keys=True,
         )
@@ -156,7 +158,10 @@ def parse_snapshot_metadata(snapshot_id: str, text: str) -> SnapshotRecord:
             raise ValueError("size or creation time missing or malformed")
     if size <= 0:
         raise ValueError("size must be positive")
-    return SnapshotRecord(snapshot_id, name, source, size, created)
+    parameters = data.get("parameters", {})  # absent in snapshots taken before it was recorded
+    if not isinstance(parameters, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in parameters.items()):
+        raise ValueError("parameters malformed")
+    return SnapshotRecord(snapshot_id, name, source, size, created, tuple(sorted(parameters.items())))
 
 
 @dataclass(frozen=True)

@@ -756,9 +756,11 @@ class LvmBackend:
                 raise VolumeBusy(f"volume {source_volume_id} is incomplete (its content is being copied): snapshot it later")
             self._refuse_degraded(report)
             created = time.time_ns()
+            source_profile = profile_of(source)
             tags = sorted({
                 names.name_tag(name), SNAPSHOT_TAG, f"{SOURCE_TAG_PREFIX}{source.name}",
                 f"{SIZE_TAG_PREFIX}{source.size}", f"{CREATED_TAG_PREFIX}{created}",
+                *(profile_tags(source_profile) if source_profile is not None else ()),
             })
             if source.is_thin:
                 pool = report.lv(source.pool_lv)

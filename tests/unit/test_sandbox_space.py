@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 
 import pytest
@@ -75,6 +76,16 @@ def test_snapshot_metadata_round_trip_and_rejections():
     for broken in ('{"format": 1, "id": "snapshot-s"}', "[]", '{"format": 2}'):
         with pytest.raises(ValueError):
             parse_snapshot_metadata("snapshot-s", broken)
+
+
+def test_snapshot_metadata_records_the_source_profile_and_reads_older_records():
+    record = SnapshotRecord("snapshot-s", "s", "v", MiB, 1, (("pool", "csilvm-thinpool"), ("type", "thin")))
+    assert parse_snapshot_metadata("snapshot-s", record.to_json()) == record
+    older = json.loads(record.to_json())
+    del older["parameters"]
+    assert parse_snapshot_metadata("snapshot-s", json.dumps(older)).parameters == ()
+    with pytest.raises(ValueError):
+        parse_snapshot_metadata("snapshot-s", json.dumps({**older, "parameters": ["type"]}))
 
 
 def test_volume_metadata_records_its_source():

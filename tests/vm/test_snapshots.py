@@ -93,6 +93,10 @@ def test_block_snapshot_restore_and_clone_give_back_the_bytes(snap, profile):
     assert snapshot.ready_to_use and snapshot.size_bytes == size and snapshot.source_volume_id == src
     assert abs(snapshot.creation_time.seconds - time.time()) < 600
     assert csi.snapshot(f"snap-{profile}", src) == snapshot  # idempotent
+    # Source, size, time and the source's profile live in the snapshot's tags: a restart loses nothing.
+    tags = lvs(vg, "lv_tags")[snapshot.snapshot_id]["lv_tags"].split(",")
+    assert f"csilvm.source.{src}" in tags and f"csilvm.size.{size}" in tags
+    assert f"csilvm.profile.type.{profile}" in tags
     write(target, new)
 
     # A restore larger than its source: the old bytes, then zeros.
