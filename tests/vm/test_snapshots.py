@@ -138,7 +138,7 @@ def test_block_snapshot_restore_and_clone_give_back_the_bytes(snap, profile):
     csi.delete(src)
 
 
-@pytest.mark.parametrize("profile", ["linear", "thin"])
+@pytest.mark.parametrize("profile", sorted(PROFILES))
 def test_mounted_file_system_snapshot_restores_consistent(snap, profile):
     vg, plugin, directory = snap
     csi = plugin.client
