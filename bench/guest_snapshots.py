@@ -14,17 +14,7 @@ import time
 
 import pytest
 
-MiB = 1 << 20
-GiB = 1 << 30
-DATA = 512 * MiB
-
-
-def fill(device: str) -> None:
-    block = os.urandom(4 * MiB)
-    with open(device, "r+b", buffering=0) as f:
-        for _ in range(DATA // len(block)):
-            f.write(block)
-        os.fsync(f.fileno())
+from bench.snapshots import GiB, fill
 
 
 def test_snapshot_and_restore_of_1GiB_holding_512MiB(tmp_path, record_property):

@@ -19,7 +19,7 @@ GiB = 1 << 30
 DATA = 512 * MiB
 
 
-def _fill(device: str) -> None:
+def fill(device: str) -> None:
     """512 MiB of incompressible data in the first half of the volume, the rest left as holes."""
     block = os.urandom(4 * MiB)
     with open(device, "r+b", buffering=0) as f:
@@ -49,7 +49,7 @@ def bench_snapshots(client: CsiClient, root: Path, work_dir: Path) -> dict:
         volume = client.create(name, GiB, parameters={"type": profile}, block=True)
         target = targets / name
         client.publish(volume.volume_id, "", str(target), block=True)
-        _fill(str(target))
+        fill(str(target))
         client.unpublish(volume.volume_id, str(target))
         os.sync()
         started = time.perf_counter()
