@@ -171,7 +171,7 @@ def bench_loop(rounds: int) -> dict:
 
 def bench_lvm_invocations() -> dict:
     """lvm2 commands per RPC on the lvm backend, counted by the fake lvm2 (no device-mapper needed)."""
-    from lvm.fake import FakeLvm
+    from tests.fake_lvm2 import FakeLvm
     from lvm.lvm2 import Lvm2
     from lvm.volume_group import LvmBackend
     from lvm.backend import SizeRange

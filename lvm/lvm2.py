@@ -1,7 +1,7 @@
 """The one place that runs lvm2: argv building, timeouts, and stderr classification.
 
 Every call is ``lvm <subcommand> [--config ...] ...`` through a Runner
-(lvm/command.py), so tests substitute :class:`lvm.fake.FakeLvm`.
+(lvm/command.py), so tests substitute :class:`tests.fake_lvm2.FakeLvm`.
 
 Reports run with ``--nolocking``: lvm2 reads the metadata without taking the
 VG lock, so a read RPC never waits behind a long lvcreate, and (unlike

@@ -315,7 +315,7 @@ PROBES = {
 def serve_in_process():
     """``serve(api_versions)`` -> a channel to a server started in this process on an in-memory lvm2."""
     from lvm.command import SubprocessRunner
-    from lvm.fake import FakeLvm
+    from tests.fake_lvm2 import FakeLvm
     from lvm.lvm2 import Lvm2
     from lvm.volume_group import LvmBackend
     from plugin.core import Core

@@ -21,7 +21,7 @@ from lvm.errors import (
     VolumeExists,
     VolumeNotFound,
 )
-from lvm.fake import FakeLvm
+from tests.fake_lvm2 import FakeLvm
 from lvm.lvm2 import NO_UDEV_CONFIG, Lvm2, VolumeGroupNotFound, classify
 from lvm.profiles import Layout, Profile
 from lvm.units import GiB, MiB

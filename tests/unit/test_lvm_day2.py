@@ -6,7 +6,7 @@ import pytest
 
 from lvm.backend import Capacity, SizeRange, expansion_target
 from lvm.errors import InvalidParameters, OutOfRange, VolumeGroupDegraded, VolumeNotFound
-from lvm.fake import FakeLvm
+from tests.fake_lvm2 import FakeLvm
 from lvm.lvm2 import Lvm2
 from lvm.profiles import Layout, Profile
 from lvm.units import MiB

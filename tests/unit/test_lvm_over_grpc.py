@@ -14,7 +14,7 @@ import grpc
 import pytest
 
 from lvm.command import SubprocessRunner
-from lvm.fake import FakeLvm
+from tests.fake_lvm2 import FakeLvm
 from lvm.lvm2 import Lvm2
 from lvm.volume_group import LvmBackend
 from plugin.client import CsiClient

@@ -17,7 +17,7 @@ import pytest
 
 from lvm.attr import AllocationPolicy, Health, Permissions, State, TargetType, VolumeType, parse_lv_attr
 from lvm.errors import BackendUnavailable, CommandFailed
-from lvm.fake import FakeLvm
+from tests.fake_lvm2 import FakeLvm
 from lvm.report import is_hidden_lv_name, parse_fullreport
 from lvm.units import MiB
 
