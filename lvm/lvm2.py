@@ -119,6 +119,8 @@ class Lvm2:
         except (CommandTimeout, CommandNotFound):
             raise
         except CommandFailed as exc:
+            log.warning("lvm %s failed (exit code %s): argv %s: %s", subcommand, exc.returncode, list(exc.argv) or argv,
+                        exc.stderr.strip() or "(no message)")
             error = classify(exc.stderr)
             message = f"lvm {subcommand} failed (exit code {exc.returncode}): {exc.stderr.strip() or '(no message)'}"
             if error is CommandFailed:

@@ -598,12 +598,16 @@ class LoopBackend:
         self._records[record.id] = record
         self._account(record, +1)
         self._devices[record.id] = device
+        profile = " ".join(f"{k}={v}" for k, v in record.parameters)
         if origin is None:
-            log.info("loop sandbox: created volume %s (%s) of %d bytes on %s", record.id, record.name, record.size, device)
+            log.info(
+                "loop sandbox: created volume %s (%s) of %d bytes, %s, on %s",
+                record.id, record.name, record.size, profile, device,
+            )
         else:
             log.info(
-                "loop sandbox: created volume %s (%s) of %d bytes on %s from %s (%s)",
-                record.id, record.name, record.size, device, origin.label, how,
+                "loop sandbox: created volume %s (%s) of %d bytes, %s, on %s from %s (%s)",
+                record.id, record.name, record.size, profile, device, origin.label, how,
             )
         return self._volume(record, device)
 
@@ -629,6 +633,7 @@ class LoopBackend:
                     self._forget(volume_id)
                     self._changed()
                 return
+            record = self._records.get(volume_id)
             devices = self._devices_of(volume_id)
             for device in devices:
                 reason = self.loops.busy_reason(device)
@@ -647,7 +652,13 @@ class LoopBackend:
                 images._fsync_dir(self.volumes_dir)
             finally:
                 self._changed()
-            log.info("loop sandbox: deleted volume %s", volume_id)
+            if record is not None:
+                log.info(
+                    "loop sandbox: deleted volume %s (%s) of %d bytes, %s", volume_id, record.name, record.size,
+                    " ".join(f"{k}={v}" for k, v in record.parameters),
+                )
+            else:
+                log.info("loop sandbox: deleted volume %s", volume_id)
 
     def _record(self, volume_id: str) -> VolumeRecord:
         """The record of a whole volume (under :meth:`_mutating`); VolumeNotFound when there is none."""

@@ -479,9 +479,16 @@ class LvmBackend:
                     self.lvm2.lvcreate_snapshot(self.vg_name, lv_name, source_lv.name, writable=True, tags=sorted(tags))
                 else:
                     self._create_lv(report, lv_name, size, profile, tuple(sorted(tags)), default=source_size)
+                log.info(
+                    "created volume %s/%s (%s), %s, from the %s %s", self.vg_name, lv_name, name,
+                    capacity_model.describe(profile), source.kind, source.id,
+                )
                 report = self.lvm2.report(self.vg_name)
                 return self._populate(report, self._lv_or_not_found(report, lv_name), size, source)
             chosen, extent_size = self._create_lv(report, lv_name, size, profile, tuple(sorted(tags)), self.default_size)
+        log.info(
+            "created volume %s/%s (%s) of %d bytes, %s", self.vg_name, lv_name, name, chosen, capacity_model.describe(profile)
+        )
         tags = tuple(sorted(tags))
         return Volume(
             id=lv_name,
@@ -830,7 +837,12 @@ class LvmBackend:
             try:
                 self.lvm2.lvremove(self.vg_name, volume_id)
             except VolumeNotFound:
-                pass  # removed by someone else since the report: the outcome asked for
+                return  # removed by someone else since the report: the outcome asked for
+            have = profile_of(lv)
+            log.info(
+                "deleted volume %s/%s (%s) of %d bytes, %s", self.vg_name, volume_id, names.name_from_tags(lv.tags),
+                lv.size, capacity_model.describe(have) if have else f"segment type {lv.segtype}",
+            )
 
     def _refuse_degraded(self, report: Report) -> None:
         message = missing_pvs_message(self.vg_name, report)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import faulthandler
 import json
 import logging
@@ -83,13 +84,14 @@ def main() -> None:
 @click.option("--socket-group", envvar="CSILVM_SOCKET_GROUP", help="group owning the socket (with --socket-mode 0660)")
 @click.option("--command-timeout", type=float, envvar="CSILVM_COMMAND_TIMEOUT", default=120.0, show_default=True, help="seconds before an lvm2/mkfs/mount command is killed")
 @click.option("--api-version", "api_versions", multiple=True, type=click.Choice(["v1", "v0", "v0.1"]), envvar="CSILVM_API_VERSION", help="serve only these CSI versions (repeatable)  [default: v1, v0 (spec 0.2/0.3) and v0.1]")
+@click.option("--log-format", envvar="CSILVM_LOG_FORMAT", default="text", show_default=True, type=click.Choice(["text", "json"]), help="json: one JSON object per line, for log collectors")
 @click.option("--log-level", envvar="CSILVM_LOG_LEVEL", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"]))
 def serve(**options) -> None:
     """Serve CSI Identity, Controller and Node on a Unix socket."""
     from plugin.backends import build_core
     from plugin.server import EndpointError, serve_until, start_server, stop_on_signals
 
-    configure_process(options["log_level"])
+    configure_process(options["log_level"], options["log_format"])
     stop = stop_on_signals()
     try:
         core = build_core(options)
@@ -107,11 +109,28 @@ def serve(**options) -> None:
     core.close()
 
 
-def configure_process(log_level: str) -> None:
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line (time, level, logger, message, and the traceback if any), for log collectors."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "time": datetime.datetime.fromtimestamp(record.created, datetime.timezone.utc).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["traceback"] = self.formatException(record.exc_info)
+        return json.dumps(entry, ensure_ascii=False)
+
+
+def configure_process(log_level: str, log_format: str = "text") -> None:
     """Logging to stderr, and scheduling suited to a server that runs commands from RPC threads."""
-    logging.basicConfig(
-        level=log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        JsonFormatter() if log_format == "json" else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     )
+    logging.basicConfig(level=log_level.upper(), handlers=[handler], force=True)
     logging.getLogger("sh").setLevel(logging.WARNING)  # sh logs every byte it reads at DEBUG
     faulthandler.enable()  # a crash or SIGABRT writes every thread's stack to stderr
     # sh runs reader threads for every command; a short GIL switch interval keeps

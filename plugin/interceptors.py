@@ -71,7 +71,11 @@ class UnaryInterceptor(grpc.ServerInterceptor):
 
 
 class LoggingInterceptor(UnaryInterceptor):
-    """One debug line per request and per response: RPC, duration, gRPC code; secrets masked."""
+    """One debug line per request and per response: RPC, duration, gRPC code; secrets masked.
+
+    A failed RPC is logged once at any level: its method, code and message (a warning for
+    INTERNAL and UNKNOWN, which mean a fault, info for the codes a CO expects and retries on).
+    """
 
     def wrap(self, method, inner):
         def handler(request, context):
@@ -82,7 +86,8 @@ class LoggingInterceptor(UnaryInterceptor):
                 response = inner(request, context)
             except BaseException:
                 code = context.code() or grpc.StatusCode.UNKNOWN
-                log.debug("%s -> %s in %.1f ms: %s", method, code.name, (time.monotonic() - start) * 1e3, context.details())
+                level = logging.WARNING if code in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN) else logging.INFO
+                log.log(level, "%s failed: %s in %.1f ms: %s", method, code.name, (time.monotonic() - start) * 1e3, context.details())
                 raise
             if log.isEnabledFor(logging.DEBUG):
                 log.debug("%s -> OK in %.1f ms: %s", method, (time.monotonic() - start) * 1e3, redacted(response))
