@@ -182,6 +182,9 @@ def test_delete_wipes_what_the_volume_held_and_refuses_an_open_volume(lvm_plugin
     finally:
         os.close(holder)
     csi.delete(vol.volume_id)
+    # The wipe went through the LV's device-mapper device, under the loop device's page cache, which
+    # still holds what the first look read: read the PV afresh.
+    drop_caches()
     head, tail = ends()
     assert not any(head) and not any(tail), "the volume's first and last MiB are zeroed on the PV"
 
