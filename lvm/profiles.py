@@ -46,6 +46,11 @@ class Profile:
         return self.layout is Layout.THIN
 
     @property
+    def thin_pool(self) -> str:
+        """The pool a thin volume of this profile lives in."""
+        return self.pool or DEFAULT_THIN_POOL
+
+    @property
     def min_devices(self) -> int:
         """Distinct physical volumes a volume of this profile needs."""
         if self.layout is Layout.RAID1:
@@ -65,7 +70,7 @@ class Profile:
         if self.layout is Layout.RAID1:
             params["mirrors"] = str(self.mirrors)
         if self.layout is Layout.THIN:
-            params["pool"] = self.pool or DEFAULT_THIN_POOL
+            params["pool"] = self.thin_pool
         return params
 
 

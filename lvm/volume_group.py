@@ -443,7 +443,7 @@ class LvmBackend:
         if missing_pvs_message(self.vg_name, report):
             return Capacity.none()  # lvm2 refuses every create until the VG is whole
         if profile.thin:
-            available = self._thin_admissible(report, profile.pool or DEFAULT_THIN_POOL)
+            available = self._thin_admissible(report, profile.thin_pool)
             extent_size = report.vg.extent_size
             available = available // extent_size * extent_size
             return Capacity(available, available, extent_size) if available else Capacity.none()
@@ -471,11 +471,10 @@ class LvmBackend:
                 source_lv, source_size = self._source_lv(report, source)
                 tags |= {content_source_tag(source), INCOMPLETE_TAG}
                 size = restore_range(size, source_size)
-                if profile.thin and source_lv.is_thin and source_lv.pool_lv == profile.pool:
+                if profile.thin and source_lv.is_thin and source_lv.pool_lv == profile.thin_pool:
                     # Thin from thin in the same pool: a writable thin snapshot, grown by _populate if asked.
-                    pool = self._thin_pool_or_refuse(report, profile.pool or DEFAULT_THIN_POOL)
                     chosen = choose_size(size, report.vg.extent_size, source_size)
-                    self._admit_thin(report, pool, chosen)
+                    self._admit_thin(report, report.lv(source_lv.pool_lv), chosen)
                     self.lvm2.lvcreate_snapshot(self.vg_name, lv_name, source_lv.name, writable=True, tags=sorted(tags))
                 else:
                     self._create_lv(report, lv_name, size, profile, tuple(sorted(tags)), default=source_size)
@@ -485,7 +484,7 @@ class LvmBackend:
                 )
                 report = self.lvm2.report(self.vg_name)
                 return self._populate(report, self._lv_or_not_found(report, lv_name), size, source)
-            chosen, extent_size = self._create_lv(report, lv_name, size, profile, tuple(sorted(tags)), self.default_size)
+            chosen = self._create_lv(report, lv_name, size, profile, tuple(sorted(tags)), self.default_size)
         log.info(
             "created volume %s/%s (%s) of %d bytes, %s", self.vg_name, lv_name, name, chosen, capacity_model.describe(profile)
         )
@@ -509,15 +508,15 @@ class LvmBackend:
 
     def _create_lv(
         self, report: Report, lv_name: str, size: SizeRange, profile: Profile, tags: tuple[str, ...], default: int
-    ) -> tuple[int, int]:
-        """lvcreate an LV of ``profile`` in ``size`` (``default`` when unset); returns (its size, the extent size)."""
+    ) -> int:
+        """lvcreate an LV of ``profile`` in ``size`` (``default`` when unset); returns its size."""
         extent_size = report.vg.extent_size
         if profile.thin:
-            report, pool = self._ensure_pool(report, profile.pool or DEFAULT_THIN_POOL)
+            report, pool = self._ensure_pool(report, profile.thin_pool)
             chosen = choose_size(size, extent_size, default)
             self._admit_thin(report, pool, chosen)
             self.lvm2.lvcreate_thin(self.vg_name, lv_name, chosen, pool.name, tags=tags)
-            return chosen, extent_size
+            return chosen
         if profile.layout is not Layout.LINEAR and not self.raid_supported():
             raise OutOfRange(
                 f"type={profile.layout.value} needs the kernel's dm-raid target, which this node lacks: "
@@ -535,7 +534,7 @@ class LvmBackend:
         self.lvm2.lvcreate(
             self.vg_name, lv_name, where.extents, layout_args=self._layout_args(profile, where), tags=tags, pvs=where.pvs,
         )
-        return where.extents * extent_size, extent_size
+        return where.extents * extent_size
 
     @staticmethod
     def _layout_args(profile: Profile, where: capacity_model.Placement) -> list[str]:
@@ -694,12 +693,6 @@ class LvmBackend:
                 f"({format_size(pool.size)} of data, overprovision ratio {self.thin.overprovision_ratio:g}, "
                 f"{pool.data_percent or 0.0:.2f}% written), not {size}: ask for less, or free or grow the pool"
             )
-
-    def _thin_pool_or_refuse(self, report: Report, pool_name: str) -> LogicalVolumeInfo:
-        pool = report.lv(pool_name)
-        if pool is None or not pool.is_thin_pool:
-            raise InvalidParameters(f'"{self.vg_name}/{pool_name}" is not a thin pool')
-        return pool
 
     def _ensure_pool(self, report: Report, pool_name: str) -> tuple[Report, LogicalVolumeInfo]:
         """The thin pool ``pool_name``, created first (``--thin-pool-size``) when it does not exist."""
