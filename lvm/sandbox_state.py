@@ -213,24 +213,28 @@ class DirScan:
         return sum(r.size for r in self.records if r.thin)
 
 
+def _read_dir(directory: Path, valid_id: Callable[[str], bool], parse: Callable, what: str) -> tuple:
+    """The readable records of ``directory`` and its leftovers, as the fields of DirScan and SnapshotScan."""
+    entries = classify_entries(os.listdir(directory), valid_id)
+    records, unreadable = [], []
+    for item_id in sorted(entries.image_ids & entries.metadata_ids):
+        try:
+            records.append(parse(item_id, (directory / (item_id + METADATA_SUFFIX)).read_text()))
+        except (OSError, ValueError, InvalidParameters) as exc:
+            log.warning("loop sandbox: metadata of %s %s is unreadable (%s); leaving it alone", what, item_id, exc)
+            unreadable.append(item_id)
+    return (
+        tuple(records),
+        tuple(sorted(entries.image_ids - entries.metadata_ids)),
+        tuple(sorted(entries.metadata_ids - entries.image_ids)),
+        tuple(unreadable),
+        entries.tmp_files,
+    )
+
+
 def scan(volumes_dir: Path) -> DirScan:
     """Read the state of ``volumes_dir`` (which must exist)."""
-    entries = classify_entries(os.listdir(volumes_dir))
-    records, unreadable = [], []
-    for volume_id in sorted(entries.image_ids & entries.metadata_ids):
-        try:
-            text = (volumes_dir / (volume_id + METADATA_SUFFIX)).read_text()
-            records.append(parse_metadata(volume_id, text))
-        except (OSError, ValueError, InvalidParameters) as exc:
-            log.warning("loop sandbox: metadata of volume %s is unreadable (%s); leaving it alone", volume_id, exc)
-            unreadable.append(volume_id)
-    return DirScan(
-        records=tuple(records),
-        orphan_images=tuple(sorted(entries.image_ids - entries.metadata_ids)),
-        orphan_metadata=tuple(sorted(entries.metadata_ids - entries.image_ids)),
-        unreadable=tuple(unreadable),
-        tmp_files=entries.tmp_files,
-    )
+    return DirScan(*_read_dir(volumes_dir, is_valid_lv_name, parse_metadata, "volume"))
 
 
 @dataclass(frozen=True)
@@ -246,22 +250,7 @@ class SnapshotScan:
 
 def scan_snapshots(snapshots_dir: Path) -> SnapshotScan:
     """Read the state of ``snapshots_dir`` (which must exist)."""
-    entries = classify_entries(os.listdir(snapshots_dir), is_snapshot_id)
-    records, unreadable = [], []
-    for snapshot_id in sorted(entries.image_ids & entries.metadata_ids):
-        try:
-            text = (snapshots_dir / (snapshot_id + METADATA_SUFFIX)).read_text()
-            records.append(parse_snapshot_metadata(snapshot_id, text))
-        except (OSError, ValueError) as exc:
-            log.warning("loop sandbox: metadata of snapshot %s is unreadable (%s); leaving it alone", snapshot_id, exc)
-            unreadable.append(snapshot_id)
-    return SnapshotScan(
-        records=tuple(records),
-        orphan_images=tuple(sorted(entries.image_ids - entries.metadata_ids)),
-        orphan_metadata=tuple(sorted(entries.metadata_ids - entries.image_ids)),
-        unreadable=tuple(unreadable),
-        tmp_files=entries.tmp_files,
-    )
+    return SnapshotScan(*_read_dir(snapshots_dir, is_snapshot_id, parse_snapshot_metadata, "snapshot"))
 
 
 def plan_snapshot_repair(state: SnapshotScan, snapshots_dir: Path) -> tuple[Path, ...]:
