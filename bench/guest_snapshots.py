@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from bench.snapshots import GiB, fill
+from bench.snapshots import GiB, against_floor, fill
 
 
 def test_snapshot_and_restore_of_1GiB_holding_512MiB(tmp_path, record_property):
@@ -46,13 +46,7 @@ def test_snapshot_and_restore_of_1GiB_holding_512MiB(tmp_path, record_property):
             subprocess.run(["cp", device, f"/dev/{vg}/{floor}"], check=True)
             subprocess.run(["sync", f"/dev/{vg}/{floor}"], check=True)
             floor_s = time.perf_counter() - started
-            figures[profile] = {
-                "snapshot_s": round(snapshot_s, 3),
-                "restore_s": round(restore_s, 3),
-                "cp_floor_s": round(floor_s, 3),
-                "snapshot_ratio": round(snapshot_s / floor_s, 3),
-                "restore_ratio": round(restore_s / floor_s, 3),
-            }
+            figures[profile] = against_floor(snapshot_s, restore_s, floor_s)
             for v in (restored, floor):
                 csi.delete(v)
             csi.delete_snapshot(snapshot)

@@ -28,6 +28,17 @@ def fill(device: str) -> None:
         os.fsync(f.fileno())
 
 
+def against_floor(snapshot_s: float, restore_s: float, floor_s: float) -> dict:
+    """The figures of one profile: seconds, and their ratios to the floor's."""
+    return {
+        "snapshot_s": round(snapshot_s, 3),
+        "restore_s": round(restore_s, 3),
+        "cp_floor_s": round(floor_s, 3),
+        "snapshot_ratio": round(snapshot_s / floor_s, 3),
+        "restore_ratio": round(restore_s / floor_s, 3),
+    }
+
+
 def _floor(image: Path, scratch: Path) -> float:
     os.sync()
     started = time.perf_counter()
@@ -60,13 +71,7 @@ def bench_snapshots(client: CsiClient, root: Path, work_dir: Path) -> dict:
         restore_s = time.perf_counter() - started
         image = work_dir / "volumes" / f"{volume.volume_id}.img"
         floor_s = _floor(image, root / "floor.img")
-        figures[profile] = {
-            "snapshot_s": round(snap_s, 3),
-            "restore_s": round(restore_s, 3),
-            "cp_floor_s": round(floor_s, 3),
-            "snapshot_ratio": round(snap_s / floor_s, 2),
-            "restore_ratio": round(restore_s / floor_s, 2),
-        }
+        figures[profile] = against_floor(snap_s, restore_s, floor_s)
         client.delete(restored.volume_id)
         client.delete_snapshot(snapshot.snapshot_id)
         client.delete(volume.volume_id)
